@@ -1,0 +1,205 @@
+// Package inbox makes a message's side effect happen once in Postgres, however often the message
+// arrives.
+//
+// Store.Process claims the message's idempotency key in the inbox table and runs the side effect in
+// the same transaction: the key is recorded if and only if the effect committed. A redelivery finds
+// the key and skips the effect (Duplicate); the same key with a different payload is refused
+// (KeyReused); a failed effect leaves no row, so a retry runs it normally. Concurrent deliveries of
+// one key are arbitrated by the primary key: the second claim waits for the first transaction and
+// then sees its outcome.
+//
+// inbox knows Postgres and nothing of Kafka: origin offsets are stored for operators, not read.
+// It does not retry; it classifies Postgres errors (see Classify) so that its caller can.
+package inbox
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Outcome is what Process did with a message.
+type Outcome string
+
+const (
+	// Applied: the key was new and the effect committed with it.
+	Applied Outcome = "applied"
+	// Duplicate: the key was already recorded with the same payload; the effect did not run.
+	// Also returned when the effect reports ErrAlreadyApplied.
+	Duplicate Outcome = "duplicate"
+	// KeyReused: the key was already recorded with a different payload; the effect did not run.
+	KeyReused Outcome = "key_reused"
+)
+
+// ErrAlreadyApplied is returned by an effect that finds, by its own business keys, that this
+// message's effect already happened under another idempotency key (a payment provider resending one
+// transaction under a new event id). Process then commits the inbox row, writing nothing else the
+// effect did not write, and reports Duplicate.
+var ErrAlreadyApplied = errors.New("inbox: effect already applied under another key")
+
+// Message identifies one delivery to process.
+type Message struct {
+	// Handler names the consumer of the message ("payments", "sms"). Keys are unique per handler.
+	Handler string
+	// Key is the idempotency key.
+	Key string
+	// Fingerprint is the SHA-256 of the message value; see Fingerprint.
+	Fingerprint [sha256.Size]byte
+	// Where the message was read from, recorded for operators.
+	Topic     string
+	Partition int32
+	Offset    int64
+}
+
+// Fingerprint returns the SHA-256 of a message value.
+func Fingerprint(value []byte) [sha256.Size]byte { return sha256.Sum256(value) }
+
+// Effect is a message's side effect. It runs inside the inbox transaction and must do all of its
+// database work through tx. An error rolls back everything, the claim included.
+type Effect func(ctx context.Context, tx pgx.Tx) error
+
+// Config configures a Store.
+type Config struct {
+	// Retention is how long each handler's keys are remembered, by handler name.
+	// Handlers not named get DefaultRetention.
+	Retention map[string]time.Duration
+	// DefaultRetention defaults to 72h.
+	DefaultRetention time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Store is the inbox table.
+type Store struct {
+	pool   *pgxpool.Pool
+	config Config
+}
+
+// NewStore returns a Store over pool, which must reach a migrated database.
+func NewStore(pool *pgxpool.Pool, config Config) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("inbox: pool is required")
+	}
+	config.DefaultRetention = cmp.Or(config.DefaultRetention, 72*time.Hour)
+	config.Logger = cmp.Or(config.Logger, slog.Default())
+	if config.DefaultRetention < 0 {
+		return nil, fmt.Errorf("inbox: DefaultRetention must be positive, got %s", config.DefaultRetention)
+	}
+	for handler, d := range config.Retention {
+		if d <= 0 {
+			return nil, fmt.Errorf("inbox: Retention[%q] must be positive, got %s", handler, d)
+		}
+	}
+	return &Store{pool: pool, config: config}, nil
+}
+
+// Retention returns how long handler's keys are remembered.
+func (s *Store) Retention(handler string) time.Duration {
+	if d, ok := s.config.Retention[handler]; ok {
+		return d
+	}
+	return s.config.DefaultRetention
+}
+
+// Process claims msg's key and runs effect in one transaction. It returns Applied when the effect
+// committed with the claim, Duplicate or KeyReused when the key was already recorded (the effect
+// did not run), or an error, in which case nothing was recorded. Errors from Postgres are
+// classified (see Classify); the effect's own errors are returned as they are.
+func (s *Store) Process(ctx context.Context, msg Message, effect Effect) (Outcome, error) {
+	var outcome Outcome
+	err := WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
+		var err error
+		outcome, err = s.claim(ctx, tx, msg)
+		if err != nil || outcome != Applied {
+			return err
+		}
+		switch err := effect(ctx, tx); {
+		case errors.Is(err, ErrAlreadyApplied):
+			outcome = Duplicate
+		case err != nil:
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return outcome, nil
+}
+
+const claimSQL = `
+INSERT INTO inbox (handler, idempotency_key, fingerprint, topic, "partition", "offset", expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, now() + $7 * interval '1 microsecond')
+ON CONFLICT (handler, idempotency_key) DO NOTHING`
+
+// claim inserts msg's inbox row. On a conflict it waits for the transaction holding the key, as
+// Postgres does for a unique index, and then reports Duplicate or KeyReused by the stored fingerprint.
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, msg Message) (Outcome, error) {
+	tag, err := tx.Exec(ctx, claimSQL, msg.Handler, msg.Key, msg.Fingerprint[:], msg.Topic,
+		msg.Partition, msg.Offset, s.Retention(msg.Handler).Microseconds())
+	if err != nil {
+		return "", Classify(fmt.Errorf("inbox: claim: %w", err))
+	}
+	if tag.RowsAffected() == 1 {
+		return Applied, nil
+	}
+	var stored []byte
+	err = tx.QueryRow(ctx,
+		`SELECT fingerprint FROM inbox WHERE handler = $1 AND idempotency_key = $2`,
+		msg.Handler, msg.Key).Scan(&stored)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// Purged between the conflict and this read: the key has expired, so it is new again.
+		return s.claim(ctx, tx, msg)
+	case err != nil:
+		return "", Classify(fmt.Errorf("inbox: read claimed key: %w", err))
+	case string(stored) == string(msg.Fingerprint[:]):
+		return Duplicate, nil
+	default:
+		return KeyReused, nil
+	}
+}
+
+// WithTx runs fn in a transaction on db and commits it if fn returns nil. The rollback of a failed
+// transaction runs even when ctx is already cancelled, so no transaction is left open. Errors from
+// Postgres are classified (see Classify).
+func WithTx(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return Classify(fmt.Errorf("inbox: begin: %w", err))
+	}
+	defer func() {
+		if err == nil {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
+	if err := fn(ctx, tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Classify(fmt.Errorf("inbox: commit: %w", err))
+	}
+	return nil
+}
+
+// Delivery is what a handler sees of one message inside Process's transaction.
+type Delivery struct {
+	// Key is the message's idempotency key.
+	Key string
+	// Value is the message value, as received.
+	Value []byte
+	// Attempt counts the tries of this message in this process, starting at 1.
+	Attempt int
+}

@@ -1,0 +1,163 @@
+// Package pgtest gives tests an isolated, migrated Postgres schema on a real server.
+//
+// The server comes from TEST_DATABASE_URL, defaulting to the local trust-auth server of a fresh
+// checkout. Schema creates a fresh schema per test, migrated with the real migrations and dropped
+// afterwards, for tests that commit, race or crash; Tx hands out a transaction on a schema shared by
+// the test binary and rolls it back afterwards, for the many tests that need neither. It is for tests
+// only and mocks nothing.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/inboxworker/inboxworker/migrations"
+)
+
+// DefaultURL is used when TEST_DATABASE_URL is unset.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// ServerURL returns the URL of the test server.
+func ServerURL() string {
+	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+// Main runs the tests of a package that uses pgtest, then drops the shared schema and checks that
+// no goroutine leaked. Call it from TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	shared.close()
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
+			println("goleak:", err.Error())
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// DB is an isolated schema.
+type DB struct {
+	Pool   *pgxpool.Pool
+	Schema string
+	// URL connects to the schema (search_path set), for a subprocess under test.
+	URL string
+}
+
+// Schema creates a fresh schema, migrates it and returns a pool whose connections use it. The schema
+// and pool go away when the test ends.
+func Schema(tb testing.TB) *DB {
+	tb.Helper()
+	db, err := newSchema()
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(db.drop)
+	return db
+}
+
+// Pool is Schema(tb).Pool.
+func Pool(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	return Schema(tb).Pool
+}
+
+// Tx begins a transaction on a migrated schema shared by the test binary and rolls it back when the
+// test ends. Nothing it writes is seen by other tests.
+func Tx(tb testing.TB) pgx.Tx {
+	tb.Helper()
+	db, err := shared.get()
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	ctx := context.Background()
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		tb.Fatalf("pgtest: begin: %v", err)
+	}
+	tb.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
+	return tx
+}
+
+var shared sharedSchema
+
+type sharedSchema struct {
+	once sync.Once
+	db   *DB
+	err  error
+}
+
+func (s *sharedSchema) get() (*DB, error) {
+	s.once.Do(func() { s.db, s.err = newSchema() })
+	return s.db, s.err
+}
+
+func (s *sharedSchema) close() {
+	if s.db != nil {
+		s.db.drop()
+	}
+}
+
+func newSchema() (*DB, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	suffix := make([]byte, 6)
+	_, _ = rand.Read(suffix)
+	schema := "test_" + hex.EncodeToString(suffix)
+
+	admin, err := pgx.Connect(ctx, ServerURL())
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		return nil, err
+	}
+
+	u, err := url.Parse(ServerURL())
+	if err != nil {
+		return nil, err
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+
+	db := &DB{Schema: schema, URL: u.String()}
+	db.Pool, err = pgxpool.New(ctx, db.URL)
+	if err == nil {
+		_, err = migrations.Up(ctx, db.Pool, nil)
+	}
+	if err != nil {
+		db.drop()
+		return nil, err
+	}
+	return db, nil
+}
+
+func (db *DB) drop() {
+	if db.Pool != nil {
+		db.Pool.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, ServerURL())
+	if err != nil {
+		return
+	}
+	defer admin.Close(ctx)
+	_, _ = admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+db.Schema+" CASCADE")
+}
