@@ -1,0 +1,130 @@
+// Package kafkatest starts an in-process Kafka broker for tests (kfake: the real wire protocol, in
+// memory) and produces to and reads from it with kafka-go, the client production uses.
+package kafkatest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// Cluster is a running in-memory broker.
+type Cluster struct {
+	*kfake.Cluster
+	// Addr is the broker's address.
+	Addr string
+}
+
+// Start starts a one-broker cluster with topics created (partitions each), closed when the test
+// ends. Group session timeouts down to 100ms are accepted, so crash tests need not wait 6s.
+func Start(tb testing.TB, partitions int32, topics ...string) *Cluster {
+	tb.Helper()
+	c, err := kfake.NewCluster(
+		kfake.NumBrokers(1),
+		kfake.SeedTopics(partitions, topics...),
+		kfake.GroupMinSessionTimeout(100*time.Millisecond),
+	)
+	if err != nil {
+		tb.Fatalf("kafkatest: start broker: %v", err)
+	}
+	tb.Cleanup(c.Close)
+	return &Cluster{Cluster: c, Addr: c.ListenAddrs()[0]}
+}
+
+// Produce writes msgs to topic and waits for the broker's acknowledgement. Messages go to the
+// partition of their key (kafka-go's Hash balancer, as producers of order and phone keys do).
+func (c *Cluster) Produce(tb testing.TB, topic string, msgs ...kafka.Message) {
+	tb.Helper()
+	transport := &kafka.Transport{}
+	defer transport.CloseIdleConnections()
+	w := &kafka.Writer{
+		Addr:         kafka.TCP(c.Addr),
+		Transport:    transport,
+		Topic:        topic,
+		Balancer:     &kafka.Hash{},
+		RequiredAcks: kafka.RequireAll,
+		BatchSize:    len(msgs),
+		BatchTimeout: time.Millisecond,
+	}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		tb.Fatalf("kafkatest: produce to %s: %v", topic, err)
+	}
+}
+
+// ReadAll returns every message of topic's partition, from the first offset to the partition's end
+// offset at the time of the call.
+func (c *Cluster) ReadAll(tb testing.TB, topic string, partition int) []kafka.Message {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := kafka.DialLeader(ctx, "tcp", c.Addr, topic, partition)
+	if err != nil {
+		tb.Fatalf("kafkatest: dial %s/%d: %v", topic, partition, err)
+	}
+	defer conn.Close()
+	first, last, err := conn.ReadOffsets()
+	if err != nil {
+		tb.Fatalf("kafkatest: offsets of %s/%d: %v", topic, partition, err)
+	}
+	if last <= first {
+		return nil
+	}
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers:   []string{c.Addr},
+		Topic:     topic,
+		Partition: partition,
+		MaxWait:   100 * time.Millisecond,
+	})
+	defer r.Close()
+	if err := r.SetOffset(first); err != nil {
+		tb.Fatalf("kafkatest: seek %s/%d: %v", topic, partition, err)
+	}
+	var out []kafka.Message
+	for int64(len(out)) < last-first {
+		m, err := r.ReadMessage(ctx)
+		if err != nil {
+			tb.Fatalf("kafkatest: read %s/%d after %d messages: %v", topic, partition, len(out), err)
+		}
+		out = append(out, m)
+		if m.Offset >= last-1 {
+			break
+		}
+	}
+	return out
+}
+
+// CommittedOffset returns the offset group has committed for topic's partition, or -1 when none.
+func (c *Cluster) CommittedOffset(tb testing.TB, group, topic string, partition int) int64 {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	transport := &kafka.Transport{}
+	defer transport.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(c.Addr), Transport: transport}
+	resp, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{
+		GroupID: group,
+		Topics:  map[string][]int{topic: {partition}},
+	})
+	if err == nil && resp.Error != nil {
+		err = resp.Error
+	}
+	if err != nil {
+		tb.Fatalf("kafkatest: committed offset of %s in %s/%d: %v", group, topic, partition, err)
+	}
+	for _, p := range resp.Topics[topic] {
+		if p.Partition == partition {
+			if p.Error != nil && !errors.Is(p.Error, kafka.UnknownTopicOrPartition) {
+				tb.Fatalf("kafkatest: committed offset of %s in %s/%d: %v", group, topic, partition, p.Error)
+			}
+			return p.CommittedOffset
+		}
+	}
+	return -1
+}
