@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/inboxworker/inboxworker/migrations"
+)
+
+type config struct {
+	N            int
+	Redeliveries float64
+	Partitions   int
+	DatabaseURL  string
+	Modes        []string
+}
+
+// result is what one mode measured.
+type result struct {
+	Mode     string
+	Elapsed  time.Duration
+	Messages int
+	// Latencies are per message, from fetch to the offset commit that covers it; empty where the
+	// mode has no messages to time (copy).
+	Latencies []time.Duration
+	PeakRSS   int64 // bytes
+}
+
+func (r result) rate() float64 { return float64(r.Messages) / r.Elapsed.Seconds() }
+
+// env is what a mode runs against.
+type env struct {
+	cfg    config
+	addr   string // broker
+	topic  string // holds the stream
+	pool   *pgxpool.Pool
+	stream *stream
+}
+
+type mode func(ctx context.Context, e *env) (result, error)
+
+var modes = map[string]mode{
+	"kafka": runKafka,
+	"copy":  runCopy,
+}
+
+func run(ctx context.Context, cfg config, out io.Writer) error {
+	for _, m := range cfg.Modes {
+		if modes[m] == nil {
+			return fmt.Errorf("unknown mode %q", m)
+		}
+	}
+	topics := make([]string, len(cfg.Modes))
+	for i, m := range cfg.Modes {
+		topics[i] = "bench." + m
+	}
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(cfg.Partitions), topics...))
+	if err != nil {
+		return fmt.Errorf("start broker: %w", err)
+	}
+	defer cluster.Close()
+
+	s := newStream(cfg.N, cfg.Redeliveries, 1)
+	fmt.Fprintf(out, "%d messages (%d callbacks, %d redeliveries), %d partitions, GOMAXPROCS=%d, %s\n\n",
+		cfg.N, len(s.unique), cfg.N-len(s.unique), cfg.Partitions, runtime.GOMAXPROCS(0), runtime.Version())
+
+	var results []result
+	for i, m := range cfg.Modes {
+		e := &env{cfg: cfg, addr: cluster.ListenAddrs()[0], topic: topics[i], stream: s}
+		r, err := runMode(ctx, e, m)
+		if err != nil {
+			return fmt.Errorf("%s: %w", m, err)
+		}
+		results = append(results, r)
+		fmt.Fprintf(out, "%-8s done: %8.0f msg/s\n", m, r.rate())
+	}
+	fmt.Fprintln(out)
+	report(out, results)
+	return nil
+}
+
+// runMode gives the mode a fresh schema holding the stream's orders and a topic holding the stream,
+// then runs it with the peak RSS reset.
+func runMode(ctx context.Context, e *env, name string) (result, error) {
+	schema := "bench_" + name
+	admin, err := pgx.Connect(ctx, e.cfg.DatabaseURL)
+	if err != nil {
+		return result{}, err
+	}
+	defer admin.Close(context.WithoutCancel(ctx))
+	if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE; CREATE SCHEMA "+schema); err != nil {
+		return result{}, err
+	}
+	defer admin.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+
+	poolConfig, err := pgxpool.ParseConfig(e.cfg.DatabaseURL)
+	if err != nil {
+		return result{}, err
+	}
+	poolConfig.ConnConfig.RuntimeParams["search_path"] = schema
+	poolConfig.MaxConns = int32(max(4, e.cfg.Partitions+2))
+	if e.pool, err = pgxpool.NewWithConfig(ctx, poolConfig); err != nil {
+		return result{}, err
+	}
+	defer e.pool.Close()
+	if _, err := migrations.Up(ctx, e.pool, nil); err != nil {
+		return result{}, err
+	}
+	if err := e.stream.createOrders(ctx, e.pool); err != nil {
+		return result{}, fmt.Errorf("create orders: %w", err)
+	}
+	if err := e.stream.produce(ctx, e.addr, e.topic); err != nil {
+		return result{}, err
+	}
+	runtime.GC()
+	resetPeakRSS()
+	r, err := modes[name](ctx, e)
+	r.Mode, r.PeakRSS = name, peakRSS()
+	return r, err
+}
+
+func report(out io.Writer, results []result) {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "mode\tmsg/s\telapsed\tp50\tp99\tpeak RSS\t")
+	byMode := map[string]result{}
+	for _, r := range results {
+		byMode[r.Mode] = r
+		p50, p99 := "-", "-"
+		if len(r.Latencies) > 0 {
+			slices.Sort(r.Latencies)
+			p50 = r.Latencies[len(r.Latencies)/2].Round(time.Microsecond).String()
+			p99 = r.Latencies[len(r.Latencies)*99/100].Round(time.Microsecond).String()
+		}
+		fmt.Fprintf(w, "%s\t%.0f\t%s\t%s\t%s\t%.1f MiB\t\n", r.Mode, r.rate(),
+			r.Elapsed.Round(time.Millisecond), p50, p99, float64(r.PeakRSS)/(1<<20))
+	}
+	w.Flush()
+	fmt.Fprintln(out)
+	ratio := func(a, b string) {
+		ra, okA := byMode[a]
+		rb, okB := byMode[b]
+		if okA && okB {
+			fmt.Fprintf(out, "%s/%s = %.2f\n", a, b, ra.rate()/rb.rate())
+		}
+	}
+	ratio("batch", "message")
+	ratio("batch", "kafka")
+	ratio("batch", "copy")
+}
+
+// resetPeakRSS resets the kernel's high-water mark of this process's resident set (Linux).
+func resetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
+
+// peakRSS returns the high-water mark of this process's resident set since the last reset (Linux),
+// or 0 where it cannot be read.
+func peakRSS() int64 {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(status)) {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+var errIncomplete = errors.New("stream not fully processed")

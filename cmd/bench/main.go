@@ -1,0 +1,43 @@
+// Command bench measures end-to-end payment-callback throughput on an embedded Kafka broker and the
+// local Postgres, and compares the worker's processing modes side by side with two ceilings:
+//
+//	kafka    kafka-go consuming and committing with no database work (the Kafka ceiling)
+//	message  the worker with one transaction per message (the established inbox design)
+//	batch    the worker with one transaction per batch of a partition's messages
+//	copy     the same inbox and payments rows written by COPY (the Postgres ceiling)
+//
+// Each mode gets the same stream (N callbacks, a share of them redeliveries), produced before the
+// clock starts, a fresh topic and a fresh database schema; the clock runs from the start of the
+// consumer to its last offset commit.
+//
+//	go run ./cmd/bench -n 50000
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+func main() {
+	var cfg config
+	flag.IntVar(&cfg.N, "n", 50_000, "messages per mode, redeliveries included")
+	flag.Float64Var(&cfg.Redeliveries, "redeliveries", 0.10, "share of messages that are redeliveries")
+	flag.IntVar(&cfg.Partitions, "partitions", 4, "partitions of the payments topic")
+	flag.StringVar(&cfg.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+		"Postgres to measure against (a schema per mode is created and dropped)")
+	modes := flag.String("modes", "kafka,message,batch,copy", "modes to run, in order")
+	flag.Parse()
+	cfg.Modes = strings.Split(*modes, ",")
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
