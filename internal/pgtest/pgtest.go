@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"os"
 	"sync"
@@ -61,12 +62,22 @@ type DB struct {
 // and pool go away when the test ends.
 func Schema(tb testing.TB) *DB {
 	tb.Helper()
-	db, err := newSchema()
+	db, drop, err := NewSchema()
 	if err != nil {
-		tb.Fatalf("pgtest: %v", err)
+		tb.Fatal(err)
 	}
-	tb.Cleanup(db.drop)
+	tb.Cleanup(drop)
 	return db
+}
+
+// NewSchema is Schema for code that has no testing.TB, such as an Example: the caller drops the
+// schema and closes its pool by calling drop.
+func NewSchema() (db *DB, drop func(), err error) {
+	db, err = newSchema()
+	if err != nil {
+		return nil, nil, fmt.Errorf("pgtest: %w", err)
+	}
+	return db, db.drop, nil
 }
 
 // Pool is Schema(tb).Pool.
