@@ -2,20 +2,20 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/inboxworker/inboxworker/migrations"
 )
@@ -33,9 +33,9 @@ type result struct {
 	Mode     string
 	Elapsed  time.Duration
 	Messages int
-	// Latencies are per message, from fetch to the offset commit that covers it; empty where the
-	// mode has no messages to time (copy).
-	Latencies []time.Duration
+	// Latencies samples the time of each message from its fetch to the offset commit that covers
+	// it; empty where the mode has no messages to time (copy).
+	Latencies *reservoir
 	PeakRSS   int64 // bytes
 }
 
@@ -47,7 +47,7 @@ type env struct {
 	addr   string // broker
 	topic  string // holds the stream
 	pool   *pgxpool.Pool
-	stream *stream
+	stream stream
 }
 
 type mode func(ctx context.Context, e *env) (result, error)
@@ -67,19 +67,19 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	for i, m := range cfg.Modes {
 		topics[i] = "bench." + m
 	}
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(cfg.Partitions), topics...))
+	addr, stopBroker, err := startBroker(int32(cfg.Partitions), topics)
 	if err != nil {
 		return fmt.Errorf("start broker: %w", err)
 	}
-	defer cluster.Close()
+	defer stopBroker()
 
-	s := newStream(cfg.N, cfg.Redeliveries, 1)
+	s := newStream(cfg.N, cfg.Redeliveries)
 	fmt.Fprintf(out, "%d messages (%d callbacks, %d redeliveries), %d partitions, GOMAXPROCS=%d, %s\n\n",
-		cfg.N, len(s.unique), cfg.N-len(s.unique), cfg.Partitions, runtime.GOMAXPROCS(0), runtime.Version())
+		cfg.N, s.unique, cfg.N-s.unique, cfg.Partitions, runtime.GOMAXPROCS(0), runtime.Version())
 
 	var results []result
 	for i, m := range cfg.Modes {
-		e := &env{cfg: cfg, addr: cluster.ListenAddrs()[0], topic: topics[i], stream: s}
+		e := &env{cfg: cfg, addr: addr, topic: topics[i], stream: s}
 		r, err := runMode(ctx, e, m)
 		if err != nil {
 			return fmt.Errorf("%s: %w", m, err)
@@ -139,10 +139,9 @@ func report(out io.Writer, results []result) {
 	for _, r := range results {
 		byMode[r.Mode] = r
 		p50, p99 := "-", "-"
-		if len(r.Latencies) > 0 {
-			slices.Sort(r.Latencies)
-			p50 = r.Latencies[len(r.Latencies)/2].Round(time.Microsecond).String()
-			p99 = r.Latencies[len(r.Latencies)*99/100].Round(time.Microsecond).String()
+		if r.Latencies != nil {
+			p50 = r.Latencies.quantile(0.50).Round(time.Microsecond).String()
+			p99 = r.Latencies.quantile(0.99).Round(time.Microsecond).String()
 		}
 		fmt.Fprintf(w, "%s\t%.0f\t%s\t%s\t%s\t%.1f MiB\t\n", r.Mode, r.rate(),
 			r.Elapsed.Round(time.Millisecond), p50, p99, float64(r.PeakRSS)/(1<<20))
@@ -180,4 +179,36 @@ func peakRSS() int64 {
 	return 0
 }
 
-var errIncomplete = errors.New("stream not fully processed")
+// reservoir keeps a uniform sample of a stream of durations in constant memory.
+type reservoir struct {
+	mu     sync.Mutex
+	seen   int
+	sample []time.Duration
+	rng    *rand.Rand
+}
+
+func newReservoir(size int) *reservoir {
+	return &reservoir{sample: make([]time.Duration, 0, size), rng: rand.New(rand.NewPCG(1, 2))}
+}
+
+func (r *reservoir) add(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen++
+	if len(r.sample) < cap(r.sample) {
+		r.sample = append(r.sample, d)
+	} else if i := r.rng.IntN(r.seen); i < len(r.sample) {
+		r.sample[i] = d
+	}
+}
+
+func (r *reservoir) quantile(q float64) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.sample) == 0 {
+		return 0
+	}
+	s := slices.Clone(r.sample)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}

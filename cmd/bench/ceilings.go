@@ -39,17 +39,12 @@ func runKafka(ctx context.Context, e *env) (result, error) {
 
 	var (
 		wg        sync.WaitGroup
-		mu        sync.Mutex
-		latencies []time.Duration
+		latencies = newReservoir(10_000)
 		errs      = make(chan error, e.cfg.Partitions)
 	)
 	for _, a := range gen.Assignments[e.topic] {
 		wg.Go(func() {
-			l, err := consumePartition(ctx, e, gen, a, ends[a.ID])
-			mu.Lock()
-			latencies = append(latencies, l...)
-			mu.Unlock()
-			if err != nil {
+			if err := consumePartition(ctx, e, gen, a, ends[a.ID], latencies); err != nil {
 				errs <- err
 			}
 		})
@@ -60,10 +55,11 @@ func runKafka(ctx context.Context, e *env) (result, error) {
 	if err := <-errs; err != nil {
 		return result{}, err
 	}
-	return result{Elapsed: elapsed, Messages: len(latencies), Latencies: latencies}, nil
+	return result{Elapsed: elapsed, Messages: latencies.seen, Latencies: latencies}, nil
 }
 
-func consumePartition(ctx context.Context, e *env, gen *kafka.Generation, a kafka.PartitionAssignment, end int64) ([]time.Duration, error) {
+func consumePartition(ctx context.Context, e *env, gen *kafka.Generation, a kafka.PartitionAssignment,
+	end int64, latencies *reservoir) error {
 	r := kafka.NewReader(kafka.ReaderConfig{
 		Brokers:   []string{e.addr},
 		Topic:     e.topic,
@@ -77,17 +73,14 @@ func consumePartition(ctx context.Context, e *env, gen *kafka.Generation, a kafk
 		offset = kafka.FirstOffset
 	}
 	if err := r.SetOffset(offset); err != nil {
-		return nil, err
+		return err
 	}
 	const commitEvery = 500
-	var (
-		latencies []time.Duration
-		fetched   []time.Time
-	)
+	fetched := make([]time.Time, 0, commitEvery)
 	for {
 		m, err := r.FetchMessage(ctx)
 		if err != nil {
-			return latencies, err
+			return err
 		}
 		fetched = append(fetched, time.Now())
 		last := m.Offset+1 >= end
@@ -95,15 +88,15 @@ func consumePartition(ctx context.Context, e *env, gen *kafka.Generation, a kafk
 			continue
 		}
 		if err := gen.CommitOffsets(map[string]map[int]int64{e.topic: {a.ID: m.Offset + 1}}); err != nil {
-			return latencies, fmt.Errorf("commit: %w", err)
+			return fmt.Errorf("commit: %w", err)
 		}
 		now := time.Now()
 		for _, t := range fetched {
-			latencies = append(latencies, now.Sub(t))
+			latencies.add(now.Sub(t))
 		}
 		fetched = fetched[:0]
 		if last {
-			return latencies, nil
+			return nil
 		}
 	}
 }
@@ -128,24 +121,22 @@ func endOffsets(ctx context.Context, addr, topic string, partitions int) (map[in
 // and the payments row of each, with COPY in one transaction: the Postgres ceiling.
 func runCopy(ctx context.Context, e *env) (result, error) {
 	s := e.stream
-	inboxRows := make([][]any, len(s.unique))
-	paymentRows := make([][]any, len(s.unique))
 	expires := time.Now().Add(72 * time.Hour)
-	for i, c := range s.unique {
-		fp := inbox.Fingerprint(s.messages[0].Value)
-		inboxRows[i] = []any{"payments", c.EventID, fp[:], e.topic, int32(0), int64(i), expires}
-		paymentRows[i] = []any{c.Provider, c.ProviderTxnID, c.OrderNo, c.Amount, c.Currency, c.Result, c.EventID}
-	}
+	fingerprint := inbox.Fingerprint(s.message(0).Value)
 	start := time.Now()
 	err := inbox.WithTx(ctx, e.pool, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"inbox"},
 			[]string{"handler", "idempotency_key", "fingerprint", "topic", "partition", "offset", "expires_at"},
-			pgx.CopyFromRows(inboxRows)); err != nil {
+			pgx.CopyFromFunc(s.rows(func(c callback) []any {
+				return []any{"payments", c.EventID, fingerprint[:], e.topic, int32(0), int64(0), expires}
+			}))); err != nil {
 			return err
 		}
 		_, err := tx.CopyFrom(ctx, pgx.Identifier{"payments"},
 			[]string{"provider", "provider_txn_id", "order_no", "amount", "currency", "result", "idempotency_key"},
-			pgx.CopyFromRows(paymentRows))
+			pgx.CopyFromFunc(s.rows(func(c callback) []any {
+				return []any{c.Provider, c.ProviderTxnID, c.OrderNo, c.Amount, c.Currency, c.Result, c.EventID}
+			})))
 		return err
 	})
 	if err != nil {

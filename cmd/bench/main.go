@@ -24,6 +24,13 @@ import (
 )
 
 func main() {
+	if spec := os.Getenv(brokerEnv); spec != "" {
+		if err := runBroker(spec); err != nil {
+			fmt.Fprintln(os.Stderr, "bench broker:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	var cfg config
 	flag.IntVar(&cfg.N, "n", 50_000, "messages per mode, redeliveries included")
 	flag.Float64Var(&cfg.Redeliveries, "redeliveries", 0.10, "share of messages that are redeliveries")
