@@ -5,25 +5,34 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
 )
 
-// SQLSTATE codes that make a transaction worth retrying as it is.
+// SQLSTATE codes and classes that Classify acts on.
 const (
 	sqlstateSerializationFailure = "40001"
 	sqlstateDeadlockDetected     = "40P01"
 	sqlstateLockNotAvailable     = "55P03" // lock_timeout
+	sqlstateQueryCanceled        = "57014" // statement_timeout
+	sqlstateAdminShutdown        = "57P01" // pg_terminate_backend, a fast shutdown
+	sqlstateCrashShutdown        = "57P02"
+	sqlstateCannotConnectNow     = "57P03" // starting up, shutting down, in recovery
+	sqlstateReadOnlyTransaction  = "25006" // connected to a standby, as during a failover
+	sqlstateClassConnection      = "08"    // connection exception
+	sqlstateClassResources       = "53"    // insufficient resources: disk full, too many connections
 )
 
 // Classify translates a Postgres error into the worker's terms (see package fault), by SQLSTATE
 // code and never by text:
-//   - serialization failure, deadlock, lock timeout: retryable;
-//   - a lost or refused connection, a server shutting down or starting up (class 08, 57P01–57P03):
-//     unavailable, retried without limit since it is no message's fault;
-//   - a query timeout: retryable;
+//   - serialization failure, deadlock, lock timeout, statement timeout: retryable;
+//   - a lost or refused connection, any failure to connect, a server shutting down, starting up or
+//     out of resources (classes 08 and 53, 57P01–57P03), a read-only server (25006, a standby
+//     during a failover): unavailable, retried without limit since it is no message's fault;
+//   - a query that ran out of its context's deadline: retryable;
 //   - anything else from Postgres: returned as it is, which fault.Classify treats as permanent.
 //
 // Errors that already carry a classification, and nil, are returned unchanged. Callers never need
@@ -33,13 +42,21 @@ func Classify(err error) error {
 	if err == nil || errors.As(err, &classified) {
 		return err
 	}
+	// Checked before the server's own code: a server refusing a connection (bad password, too many
+	// clients, no such database) is an outage for the worker, whatever it says.
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return fault.Unavailable(err)
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch {
-		case pgErr.Code == sqlstateSerializationFailure, pgErr.Code == sqlstateDeadlockDetected,
-			pgErr.Code == sqlstateLockNotAvailable:
+		switch code := pgErr.Code; {
+		case code == sqlstateSerializationFailure, code == sqlstateDeadlockDetected,
+			code == sqlstateLockNotAvailable, code == sqlstateQueryCanceled:
 			return fault.Retryable(err)
-		case pgErr.Code[:2] == "08", pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03":
+		case strings.HasPrefix(code, sqlstateClassConnection), strings.HasPrefix(code, sqlstateClassResources),
+			code == sqlstateAdminShutdown, code == sqlstateCrashShutdown, code == sqlstateCannotConnectNow,
+			code == sqlstateReadOnlyTransaction:
 			return fault.Unavailable(err)
 		}
 		return err
@@ -56,16 +73,13 @@ func Classify(err error) error {
 // isConnectionError reports whether err means the database could not be reached or the connection
 // broke: no answer from the server, as opposed to an answer that says no.
 func isConnectionError(err error) bool {
-	if errors.Is(err, context.Canceled) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
-	}
-	var connectErr *pgconn.ConnectError
-	if errors.As(err, &connectErr) {
-		return true
 	}
 	var netErr net.Error
 	if errors.As(err, &netErr) && !netErr.Timeout() {
 		return true
 	}
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || pgconn.SafeToRetry(err)
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, pgconn.ErrConnClosed) || pgconn.SafeToRetry(err)
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -111,8 +112,12 @@ func (s *Store) Retention(handler string) time.Duration {
 // Process claims msg's key and runs effect in one transaction. It returns Applied when the effect
 // committed with the claim, Duplicate or KeyReused when the key was already recorded (the effect
 // did not run), or an error, in which case nothing was recorded. Errors from Postgres are
-// classified (see Classify); the effect's own errors are returned as they are.
+// classified (see Classify), the effect's included when they come from Postgres; the effect's
+// other errors are returned as they are.
 func (s *Store) Process(ctx context.Context, msg Message, effect Effect) (Outcome, error) {
+	if msg.Handler == "" || msg.Key == "" {
+		return "", fmt.Errorf("inbox: message needs a handler and a key, got %q and %q", msg.Handler, msg.Key)
+	}
 	var outcome Outcome
 	err := WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
@@ -124,7 +129,7 @@ func (s *Store) Process(ctx context.Context, msg Message, effect Effect) (Outcom
 		case errors.Is(err, ErrAlreadyApplied):
 			outcome = Duplicate
 		case err != nil:
-			return err
+			return classifyEffectError(ctx, tx, err)
 		}
 		return nil
 	})
@@ -132,6 +137,20 @@ func (s *Store) Process(ctx context.Context, msg Message, effect Effect) (Outcom
 		return "", err
 	}
 	return outcome, nil
+}
+
+// classifyEffectError classifies the effect's error when Postgres caused it: a Postgres error, or
+// any error once the transaction's connection is gone. Other errors (an HTTP call's, a handler's
+// own) are the effect's business and are returned as they are.
+func classifyEffectError(ctx context.Context, tx pgx.Tx, err error) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr):
+		return Classify(err)
+	case ctx.Err() == nil && tx.Conn().PgConn().IsClosed():
+		return Classify(fmt.Errorf("inbox: connection lost during the effect: %w", err))
+	}
+	return err
 }
 
 const claimSQL = `
@@ -167,32 +186,40 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, msg Message) (Outcome, err
 	}
 }
 
-// WithTx runs fn in a transaction on db and commits it if fn returns nil. The rollback of a failed
-// transaction runs even when ctx is already cancelled, so no transaction is left open. Errors from
-// Postgres are classified (see Classify).
+// WithTx runs fn in a transaction on db and commits it if fn returns nil. A transaction that fn
+// fails, or panics in, is rolled back even when ctx is already cancelled, so none is left open.
+// Errors from Postgres in beginning and committing are classified (see Classify); fn's errors are
+// returned as they are.
 func WithTx(ctx context.Context, db interface {
 	Begin(context.Context) (pgx.Tx, error)
-}, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
+}, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return Classify(fmt.Errorf("inbox: begin: %w", err))
 	}
+	committed := false
 	defer func() {
-		if err == nil {
+		if committed {
 			return
 		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 		defer cancel()
 		_ = tx.Rollback(rctx)
 	}()
 	if err := fn(ctx, tx); err != nil {
 		return err
 	}
+	// A failed commit has ended the transaction too: there is nothing left to roll back.
+	committed = true
 	if err := tx.Commit(ctx); err != nil {
 		return Classify(fmt.Errorf("inbox: commit: %w", err))
 	}
 	return nil
 }
+
+// rollbackTimeout bounds the rollback of a failed transaction, which runs without the caller's
+// context: long enough for a healthy server, short enough not to hang on a dead one.
+const rollbackTimeout = 5 * time.Second
 
 // Delivery is what a handler sees of one message inside Process's transaction.
 type Delivery struct {
