@@ -3,16 +3,33 @@
 // It reads a consumer group's partitions with segmentio/kafka-go, runs every message through the
 // inbox (package inbox) and the handler of its topic, retries what is worth retrying, dead-letters the
 // rest to <topic><DLQSuffix>, and commits offsets only for finished work.
+//
+// Each assigned partition has one goroutine, bound to the group generation that assigned it: it
+// fetches a batch of messages, records the batch's offset range in inbox_attempts (so a message that
+// kills the process every time is recognised and dead-lettered as a crash loop), applies the
+// messages one by one in offset order, and commits the offset after the batch. A rebalance cancels
+// the partition's in-flight work, whose transaction rolls back, and commits nothing into the next
+// generation.
+//
+// consumer does not decide what an error means (package fault does) nor touch the business tables
+// (handlers do, through the transaction they are given). It does not produce anything but dead
+// letters.
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
+	"errors"
+	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/inboxworker/inboxworker/internal/inbox"
@@ -40,7 +57,8 @@ type Retry struct {
 	InitialInterval time.Duration
 	// MaxInterval defaults to 30s.
 	MaxInterval time.Duration
-	// MaxElapsed is the retry budget of one message, after which it is dead-lettered. Defaults to 5m.
+	// MaxElapsed is the retry budget of one message, after which it is dead-lettered. Time spent
+	// waiting for Postgres to come back is not counted. Defaults to 5m.
 	MaxElapsed time.Duration
 }
 
@@ -62,6 +80,19 @@ type Config struct {
 	DLQSuffix string
 	// Retry configures retries of retryable errors.
 	Retry Retry
+	// AttemptTimeout bounds one attempt at a message: its transaction and its handler. An attempt
+	// that runs out of time is retried. Defaults to 30s.
+	AttemptTimeout time.Duration
+	// BatchSize is the most messages of one partition fetched, recorded and committed together.
+	// Defaults to 256.
+	BatchSize int
+	// BatchWait is how long a batch waits for more messages after its first. Defaults to 5ms.
+	BatchWait time.Duration
+	// ShutdownTimeout is how long Run lets in-flight messages finish once its context is cancelled;
+	// then their work is cancelled and rolled back. Defaults to 30s.
+	ShutdownTimeout time.Duration
+	// LagInterval is how often the consumer_lag metric is refreshed. Defaults to 5s.
+	LagInterval time.Duration
 	// Pool reaches the migrated database. Required.
 	Pool *pgxpool.Pool
 	// Store is the inbox. Required.
@@ -70,4 +101,295 @@ type Config struct {
 	Metrics *Metrics
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+}
+
+// ErrStopped is the cause of the cancellation of work still in flight when Config.ShutdownTimeout
+// runs out after Run's context was cancelled.
+var ErrStopped = errors.New("consumer: stopped")
+
+// errRevoked is the cause of the cancellation of a partition's work by a rebalance.
+var errRevoked = errors.New("consumer: partition revoked by a rebalance")
+
+// Tuning measured against kafka-go: its 10s default MaxWait makes every rebalance and every Close
+// wait that long for an idle fetch to return.
+const (
+	fetchMaxWait      = 500 * time.Millisecond
+	heartbeatInterval = time.Second
+	joinGroupBackoff  = time.Second
+)
+
+// Consumer consumes the configured topics as a member of a consumer group.
+type Consumer struct {
+	config    Config
+	routes    map[string]Route // by topic
+	log       *slog.Logger
+	metrics   *Metrics
+	dialer    *kafka.Dialer
+	transport *kafka.Transport // for the dead-letter writer and the lag client
+	dlq       *kafka.Writer
+	lag       *lagReporter
+
+	started atomic.Bool
+	ready   atomic.Bool
+}
+
+// New returns a Consumer for config, or an error naming the first invalid field.
+func New(config Config) (*Consumer, error) {
+	config.GroupID = cmp.Or(config.GroupID, "inboxworker")
+	config.SessionTimeout = cmp.Or(config.SessionTimeout, 10*time.Second)
+	config.DLQSuffix = cmp.Or(config.DLQSuffix, ".dlq")
+	config.Retry.InitialInterval = cmp.Or(config.Retry.InitialInterval, 200*time.Millisecond)
+	config.Retry.MaxInterval = cmp.Or(config.Retry.MaxInterval, 30*time.Second)
+	config.Retry.MaxElapsed = cmp.Or(config.Retry.MaxElapsed, 5*time.Minute)
+	config.AttemptTimeout = cmp.Or(config.AttemptTimeout, 30*time.Second)
+	config.BatchSize = cmp.Or(config.BatchSize, 256)
+	config.BatchWait = cmp.Or(config.BatchWait, 5*time.Millisecond)
+	config.ShutdownTimeout = cmp.Or(config.ShutdownTimeout, 30*time.Second)
+	config.LagInterval = cmp.Or(config.LagInterval, 5*time.Second)
+	config.Logger = cmp.Or(config.Logger, slog.Default())
+	if err := config.validate(); err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
+
+	c := &Consumer{
+		config:  config,
+		routes:  make(map[string]Route, len(config.Routes)),
+		log:     config.Logger.With("group", config.GroupID),
+		metrics: config.Metrics,
+		dialer: &kafka.Dialer{
+			ClientID:      "inboxworker",
+			Timeout:       10 * time.Second,
+			DualStack:     true,
+			SASLMechanism: config.SASL,
+			TLS:           config.TLS,
+		},
+		transport: &kafka.Transport{ClientID: "inboxworker", SASL: config.SASL, TLS: config.TLS},
+	}
+	for _, r := range config.Routes {
+		c.routes[r.Topic] = r
+	}
+	c.dlq = c.newDeadLetterWriter()
+	c.lag = newLagReporter(c)
+	return c, nil
+}
+
+func (config *Config) validate() error {
+	if len(config.Brokers) == 0 {
+		return errors.New("Config.Brokers is required")
+	}
+	if len(config.Routes) == 0 {
+		return errors.New("Config.Routes is required")
+	}
+	topics := make(map[string]bool)
+	for i, r := range config.Routes {
+		switch {
+		case r.Topic == "":
+			return fmt.Errorf("Config.Routes[%d].Topic is required", i)
+		case r.Name == "":
+			return fmt.Errorf("Config.Routes[%d].Name is required", i)
+		case r.Handler == nil:
+			return fmt.Errorf("Config.Routes[%d].Handler is required", i)
+		case topics[r.Topic]:
+			return fmt.Errorf("Config.Routes[%d].Topic %q is routed twice", i, r.Topic)
+		}
+		topics[r.Topic] = true
+	}
+	for i, r := range config.Routes {
+		if topics[r.Topic+config.DLQSuffix] {
+			return fmt.Errorf("Config.Routes[%d].Topic %q would dead-letter into a consumed topic", i, r.Topic)
+		}
+	}
+	positive := []struct {
+		name string
+		d    time.Duration
+	}{
+		{"SessionTimeout", config.SessionTimeout},
+		{"Retry.InitialInterval", config.Retry.InitialInterval},
+		{"Retry.MaxInterval", config.Retry.MaxInterval},
+		{"Retry.MaxElapsed", config.Retry.MaxElapsed},
+		{"AttemptTimeout", config.AttemptTimeout},
+		{"BatchWait", config.BatchWait},
+		{"ShutdownTimeout", config.ShutdownTimeout},
+		{"LagInterval", config.LagInterval},
+	}
+	for _, p := range positive {
+		if p.d < 0 {
+			return fmt.Errorf("Config.%s must be positive, got %s", p.name, p.d)
+		}
+	}
+	if config.SessionTimeout < 100*time.Millisecond {
+		return fmt.Errorf("Config.SessionTimeout must be at least 100ms, got %s", config.SessionTimeout)
+	}
+	if config.Retry.MaxInterval < config.Retry.InitialInterval {
+		return fmt.Errorf("Config.Retry.MaxInterval (%s) must not be less than Retry.InitialInterval (%s)",
+			config.Retry.MaxInterval, config.Retry.InitialInterval)
+	}
+	if config.BatchSize < 1 {
+		return fmt.Errorf("Config.BatchSize must be positive, got %d", config.BatchSize)
+	}
+	if config.Pool == nil {
+		return errors.New("Config.Pool is required")
+	}
+	if config.Store == nil {
+		return errors.New("Config.Store is required")
+	}
+	return nil
+}
+
+// Ready reports whether the consumer is a member of its group, with its partitions assigned.
+func (c *Consumer) Ready() bool { return c.ready.Load() }
+
+// Run consumes until ctx is cancelled. Then it stops fetching, lets in-flight messages finish within
+// Config.ShutdownTimeout (after which their work is cancelled with cause ErrStopped and rolled back),
+// commits the offsets of what finished, leaves the group, closes its connections and returns nil.
+// It returns an error only when it cannot run at all. Run may be called once.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.started.CompareAndSwap(false, true) {
+		return errors.New("consumer: Run called twice")
+	}
+	group, err := kafka.NewConsumerGroup(c.groupConfig())
+	if err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
+	defer c.closeConnections()
+
+	// In-flight work runs under hard, which outlives ctx by ShutdownTimeout.
+	hard, cancelHard := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelHard(ErrStopped)
+	var background sync.WaitGroup
+	defer background.Wait()
+	runDone := make(chan struct{})
+	defer close(runDone)
+	background.Go(func() { c.cancelAfterShutdownTimeout(ctx, runDone, cancelHard) })
+	background.Go(func() { c.lag.run(ctx) })
+
+	c.log.InfoContext(ctx, "joining the consumer group", "topics", c.topics())
+	var partitions sync.WaitGroup
+	var ended atomic.Int64 // when the previous generation ended, in Unix nanoseconds
+	for {
+		gen, err := group.Next(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		if err != nil {
+			c.ready.Store(false)
+			c.log.WarnContext(ctx, "cannot join the consumer group; retrying", "error", err)
+			continue
+		}
+		c.ready.Store(true)
+		attrs := []any{"generation", gen.ID, "member", gen.MemberID, "assignments", assignmentsAttr(gen)}
+		if t := ended.Load(); t != 0 {
+			attrs = append(attrs, "rebalance", time.Since(time.Unix(0, t)).Round(time.Millisecond))
+		}
+		c.log.InfoContext(ctx, "joined a generation of the consumer group", attrs...)
+		c.startGeneration(ctx, hard, gen, &partitions, func() { ended.Store(time.Now().UnixNano()) })
+	}
+
+	c.log.InfoContext(ctx, "stopping: fetching no more messages, finishing in-flight ones",
+		"timeout", c.config.ShutdownTimeout)
+	partitions.Wait()
+	c.ready.Store(false)
+	if err := group.Close(); err != nil {
+		c.log.Warn("cannot leave the consumer group", "error", err)
+	}
+	c.log.Info("stopped")
+	return nil
+}
+
+// startGeneration starts one goroutine per partition gen assigned, each bound to gen. kafka-go ends
+// a generation as soon as any goroutine started by gen.Start returns; so that a partition finishing
+// its last batch on shutdown does not cut short the others' (their heartbeats and commits), every
+// partition goroutine waits for its siblings before it returns.
+func (c *Consumer) startGeneration(stop, hard context.Context, gen *kafka.Generation, all *sync.WaitGroup, onEnd func()) {
+	var siblings sync.WaitGroup
+	for topic, assigned := range gen.Assignments {
+		for _, a := range assigned {
+			p := c.newPartition(c.routes[topic], a, gen)
+			siblings.Add(1)
+			all.Add(1)
+			gen.Start(func(genCtx context.Context) {
+				defer all.Done()
+				p.run(stop, hard, genCtx)
+				siblings.Done()
+				siblings.Wait()
+			})
+		}
+	}
+	// Records when the generation ends, to log how long the rebalance took. Not counted in all: it
+	// returns only when the group is closed or rebalanced.
+	gen.Start(func(genCtx context.Context) {
+		<-genCtx.Done()
+		onEnd()
+	})
+}
+
+// cancelAfterShutdownTimeout cancels in-flight work ShutdownTimeout after ctx is cancelled, unless
+// Run is done by then.
+func (c *Consumer) cancelAfterShutdownTimeout(ctx context.Context, runDone <-chan struct{}, cancel context.CancelCauseFunc) {
+	select {
+	case <-ctx.Done():
+	case <-runDone:
+		return
+	}
+	t := time.NewTimer(c.config.ShutdownTimeout)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		c.log.Warn("shutdown timeout: cancelling in-flight work", "timeout", c.config.ShutdownTimeout)
+		cancel(ErrStopped)
+	case <-runDone:
+	}
+}
+
+func (c *Consumer) groupConfig() kafka.ConsumerGroupConfig {
+	return kafka.ConsumerGroupConfig{
+		ID:      c.config.GroupID,
+		Brokers: c.config.Brokers,
+		Dialer:  c.dialer,
+		Topics:  c.topics(),
+		// kafka-go needs heartbeats well within the session timeout.
+		HeartbeatInterval:     min(heartbeatInterval, c.config.SessionTimeout/3),
+		SessionTimeout:        c.config.SessionTimeout,
+		JoinGroupBackoff:      joinGroupBackoff,
+		WatchPartitionChanges: true,
+		StartOffset:           kafka.FirstOffset,
+		Logger:                kafkaLogger(c.log, slog.LevelDebug),
+		ErrorLogger:           kafkaLogger(c.log, slog.LevelWarn),
+	}
+}
+
+func (c *Consumer) topics() []string {
+	topics := make([]string, 0, len(c.config.Routes))
+	for _, r := range c.config.Routes {
+		topics = append(topics, r.Topic)
+	}
+	return topics
+}
+
+func (c *Consumer) closeConnections() {
+	if err := c.dlq.Close(); err != nil {
+		c.log.Warn("cannot close the dead-letter writer", "error", err)
+	}
+	c.transport.CloseIdleConnections()
+}
+
+func assignmentsAttr(gen *kafka.Generation) map[string][]int {
+	out := make(map[string][]int, len(gen.Assignments))
+	for topic, assigned := range gen.Assignments {
+		for _, a := range assigned {
+			out[topic] = append(out[topic], a.ID)
+		}
+	}
+	return out
+}
+
+// kafkaLogger adapts slog to kafka-go's Logger at a fixed level.
+func kafkaLogger(log *slog.Logger, level slog.Level) kafka.Logger {
+	log = log.With("component", "kafka-go")
+	return kafka.LoggerFunc(func(format string, args ...any) {
+		ctx := context.Background()
+		if log.Enabled(ctx, level) {
+			log.Log(ctx, level, fmt.Sprintf(format, args...))
+		}
+	})
 }

@@ -1,6 +1,9 @@
 package consumer
 
 import (
+	"strconv"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -35,4 +38,46 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag)
 	return m
+}
+
+// The outcomes of a finished message, as the outcome label. Applied and duplicate are inbox's.
+const outcomeDeadLettered = "dead_lettered"
+
+// finished counts a message that finished with outcome and observes how long it took, retries
+// included.
+func (m *Metrics) finished(topic, outcome string, took time.Duration) {
+	if m == nil {
+		return
+	}
+	m.Messages.WithLabelValues(topic, outcome).Inc()
+	m.Handle.WithLabelValues(topic).Observe(took.Seconds())
+}
+
+// count counts a message that finished with outcome without being handled.
+func (m *Metrics) count(topic, outcome string) {
+	if m == nil {
+		return
+	}
+	m.Messages.WithLabelValues(topic, outcome).Inc()
+}
+
+func (m *Metrics) retried(topic string) {
+	if m == nil {
+		return
+	}
+	m.Retries.WithLabelValues(topic).Inc()
+}
+
+func (m *Metrics) setLag(topic string, partition int, lag int64) {
+	if m == nil {
+		return
+	}
+	m.Lag.WithLabelValues(topic, strconv.Itoa(partition)).Set(float64(lag))
+}
+
+func (m *Metrics) deleteLag(topic string, partition int) {
+	if m == nil {
+		return
+	}
+	m.Lag.DeleteLabelValues(topic, strconv.Itoa(partition))
 }

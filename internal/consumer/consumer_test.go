@@ -1,0 +1,388 @@
+package consumer_test
+
+import (
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/inbox"
+)
+
+func TestRedelivery(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	config := e.config(&recorder{})
+	c, _ := e.start(config)
+
+	m := kafka.Message{Key: []byte("order-1"), Value: eventValue("k", 0)}
+	e.kafka.Produce(t, topic, m, m, m)
+	e.waitFor("three offsets committed", func() bool { return e.committed() == 3 })
+
+	if !c.Ready() {
+		t.Error("Ready() = false while consuming")
+	}
+	if got := e.effects(); got["k"] != 1 || len(got) != 1 {
+		t.Errorf("effects = %v, want k applied once", got)
+	}
+	if applied, dup := outcomes(config, "applied"), outcomes(config, "duplicate"); applied != 1 || dup != 2 {
+		t.Errorf("outcomes: applied %v, duplicate %v; want 1, 2", applied, dup)
+	}
+}
+
+// TestRetry covers each way a handler can fail: what the message becomes, and that the partition
+// moves on to the next message.
+func TestRetry(t *testing.T) {
+	t.Parallel()
+	errBoom := errors.New("boom")
+	tests := []struct {
+		name string
+		// fail is the handler's answer to the first message, by attempt.
+		fail        func(attempt int) error
+		maxElapsed  time.Duration
+		wantApplied bool
+		wantReason  fault.Reason
+		wantError   string
+		wantRetries float64
+	}{
+		{
+			name: "RetryableThenApplied",
+			fail: func(attempt int) error {
+				if attempt <= 2 {
+					return fault.Retryable(errBoom)
+				}
+				return nil
+			},
+			wantApplied: true,
+			wantRetries: 2,
+		},
+		{
+			name:       "Permanent",
+			fail:       func(int) error { return fault.Permanent(fault.InvalidPayload, errBoom) },
+			wantReason: fault.InvalidPayload,
+			wantError:  "boom",
+		},
+		{
+			name:       "Unclassified",
+			fail:       func(int) error { return errBoom },
+			wantReason: fault.HandlerError,
+			wantError:  "boom",
+		},
+		{
+			name:       "RetriesExhausted",
+			fail:       func(int) error { return fault.Retryable(errBoom) },
+			maxElapsed: 100 * time.Millisecond,
+			wantReason: fault.RetriesExhausted,
+			wantError:  "boom",
+		},
+		{
+			name:       "RetriesExhaustedWithReason",
+			fail:       func(int) error { return fault.RetryableUntil(fault.UnknownOrder, errBoom) },
+			maxElapsed: 100 * time.Millisecond,
+			wantReason: fault.UnknownOrder,
+			wantError:  "boom",
+		},
+		{
+			name:       "Panic",
+			fail:       func(int) error { panic("handler bug") },
+			wantReason: fault.HandlerError,
+			wantError:  "panic: handler bug",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, 1)
+			config := e.config(&recorder{fail: func(d inbox.Delivery) error {
+				if d.Key == "first" {
+					return tt.fail(d.Attempt)
+				}
+				return nil
+			}})
+			if tt.maxElapsed > 0 {
+				config.Retry.MaxElapsed = tt.maxElapsed
+			}
+			e.start(config)
+
+			original := kafka.Message{
+				Key:     []byte("order-1"),
+				Value:   eventValue("first", 0),
+				Headers: []kafka.Header{{Key: "trace-id", Value: []byte("abc")}},
+			}
+			e.kafka.Produce(t, topic, original, kafka.Message{Key: []byte("order-2"), Value: eventValue("second", 1)})
+			e.waitFor("both offsets committed", func() bool { return e.committed() == 2 })
+
+			effects := e.effects()
+			if effects["second"] != 1 {
+				t.Errorf("the next message was applied %d times, want once", effects["second"])
+			}
+			if got := testutil.ToFloat64(config.Metrics.Retries.WithLabelValues(topic)); tt.wantRetries > 0 && got != tt.wantRetries {
+				t.Errorf("retries = %v, want %v", got, tt.wantRetries)
+			}
+			if tt.wantApplied {
+				if effects["first"] != 1 || outcomes(config, "applied") != 2 {
+					t.Errorf("first applied %d times (applied outcomes %v), want once (2)", effects["first"], outcomes(config, "applied"))
+				}
+				return
+			}
+
+			if effects["first"] != 0 || e.inboxKeys()["first"] != 0 {
+				t.Errorf("a dead-lettered message left an effect (%d) or an inbox row (%d)", effects["first"], e.inboxKeys()["first"])
+			}
+			if got := outcomes(config, "dead_lettered"); got != 1 {
+				t.Errorf("dead_lettered = %v, want 1", got)
+			}
+			dead := e.deadLetters()
+			if len(dead) != 1 {
+				t.Fatalf("%d dead letters, want 1", len(dead))
+			}
+			checkDeadLetter(t, dead[0], original, tt.wantReason, tt.wantError)
+		})
+	}
+}
+
+// checkDeadLetter checks every header of a dead letter of the first message of a partition.
+func checkDeadLetter(t *testing.T, got, original kafka.Message, reason fault.Reason, errText string) {
+	t.Helper()
+	if string(got.Key) != string(original.Key) || string(got.Value) != string(original.Value) {
+		t.Errorf("dead letter key/value = %q/%q, want the original %q/%q", got.Key, got.Value, original.Key, original.Value)
+	}
+	for _, h := range original.Headers {
+		if header(got, h.Key) != string(h.Value) {
+			t.Errorf("original header %s = %q, want %q", h.Key, header(got, h.Key), h.Value)
+		}
+	}
+	want := map[string]string{
+		"dlq-reason":             string(reason),
+		"dlq-original-topic":     topic,
+		"dlq-original-partition": "0",
+		"dlq-original-offset":    "0",
+	}
+	for k, v := range want {
+		if header(got, k) != v {
+			t.Errorf("header %s = %q, want %q", k, header(got, k), v)
+		}
+	}
+	if !strings.Contains(header(got, "dlq-error"), errText) {
+		t.Errorf("header dlq-error = %q, want it to contain %q", header(got, "dlq-error"), errText)
+	}
+	if n, err := strconv.Atoi(header(got, "dlq-attempts")); err != nil || n < 1 {
+		t.Errorf("header dlq-attempts = %q, want a positive count", header(got, "dlq-attempts"))
+	}
+	at, err := time.Parse(time.RFC3339, header(got, "dlq-failed-at"))
+	if err != nil || time.Since(at) > time.Hour || time.Since(at) < -time.Minute {
+		t.Errorf("header dlq-failed-at = %q (%v), want the RFC 3339 time of the failure", header(got, "dlq-failed-at"), err)
+	}
+}
+
+func TestBadKeys(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	config := e.config(&recorder{})
+	e.start(config)
+
+	msgs := []kafka.Message{
+		{Value: []byte(`{"no":"key"}`)},
+		{Value: []byte(`{"event_id":"ctl\u0007"}`)},
+		{Value: []byte(`{"event_id":"x"}`), Headers: []kafka.Header{{Key: "Idempotency-Key", Value: []byte(strings.Repeat("k", 256))}}},
+		{Value: []byte(`{"event_id":"x"}`), Headers: []kafka.Header{{Key: "X-Idempotent-Key", Value: []byte{0xff}}}},
+		{Value: []byte(`{"event_id":"reused","v":1}`)},
+		{Value: []byte(`{"event_id":"reused","v":2}`)},
+		{Value: []byte(`{"event_id":"last"}`)},
+	}
+	wantReasons := []fault.Reason{
+		fault.MissingIdempotencyKey, fault.InvalidIdempotencyKey, fault.InvalidIdempotencyKey,
+		fault.InvalidIdempotencyKey, "", fault.IdempotencyKeyReused, "",
+	}
+	e.kafka.Produce(t, topic, msgs...)
+	e.waitFor("all offsets committed", func() bool { return e.committed() == int64(len(msgs)) })
+
+	var got []fault.Reason
+	for _, m := range e.deadLetters() {
+		got = append(got, fault.Reason(header(m, "dlq-reason")))
+	}
+	var want []fault.Reason
+	for _, r := range wantReasons {
+		if r != "" {
+			want = append(want, r)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("dead-letter reasons = %v, want %v", got, want)
+	}
+	if keys := e.inboxKeys(); len(keys) != 2 || keys["reused"] != 1 || keys["last"] != 1 {
+		t.Errorf("inbox keys = %v, want only reused and last", keys)
+	}
+	if effects := e.effects(); len(effects) != 2 || effects["reused"] != 1 || effects["last"] != 1 {
+		t.Errorf("effects = %v, want reused and last once", effects)
+	}
+}
+
+// TestOrdering checks that one partition's messages are applied in offset order, retries in
+// between included.
+func TestOrdering(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	var mu sync.Mutex
+	failed := make(map[string]bool)
+	config := e.config(&recorder{fail: func(d inbox.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		// Every third message fails once.
+		if n, _ := strconv.Atoi(strings.TrimPrefix(d.Key, "seq-")); n%3 == 0 && !failed[d.Key] {
+			failed[d.Key] = true
+			return fault.Retryable(errors.New("not yet"))
+		}
+		return nil
+	}})
+	e.start(config)
+	const n = 60
+	e.produce(keys("seq", n)...)
+	e.waitFor("all offsets committed", func() bool { return e.committed() == n })
+
+	rows, err := e.db.Pool.Query(t.Context(), `SELECT key FROM effects ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var order []string
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		order = append(order, k)
+	}
+	if !slices.Equal(order, keys("seq", n)) {
+		t.Errorf("applied in order %v, want %v", order, keys("seq", n))
+	}
+	if got := testutil.ToFloat64(config.Metrics.Retries.WithLabelValues(topic)); got != n/3 {
+		t.Errorf("retries = %v, want %d", got, n/3)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	t.Parallel()
+	log := testLogger(t)
+	valid := func() consumer.Config {
+		c := testConfig("127.0.0.1:1", nil, nil, &recorder{}, log)
+		c.Pool = lazyPool(t)
+		c.Store = &inbox.Store{}
+		return c
+	}
+	tests := []struct {
+		name   string
+		modify func(*consumer.Config)
+		want   string
+	}{
+		{"NoBrokers", func(c *consumer.Config) { c.Brokers = nil }, "Config.Brokers"},
+		{"NoRoutes", func(c *consumer.Config) { c.Routes = nil }, "Config.Routes"},
+		{"NoTopic", func(c *consumer.Config) { c.Routes[0].Topic = "" }, "Config.Routes[0].Topic"},
+		{"NoName", func(c *consumer.Config) { c.Routes[0].Name = "" }, "Config.Routes[0].Name"},
+		{"NoHandler", func(c *consumer.Config) { c.Routes[0].Handler = nil }, "Config.Routes[0].Handler"},
+		{"TopicTwice", func(c *consumer.Config) { c.Routes = append(c.Routes, c.Routes[0]) }, "Config.Routes[1].Topic"},
+		{"ConsumesDLQ", func(c *consumer.Config) {
+			c.Routes = append(c.Routes, consumer.Route{Topic: dlqTopic, Name: "dlq", Handler: &recorder{}})
+		}, "Config.Routes[0].Topic"},
+		{"ShortSession", func(c *consumer.Config) { c.SessionTimeout = time.Millisecond }, "Config.SessionTimeout"},
+		{"NegativeRetry", func(c *consumer.Config) { c.Retry.MaxElapsed = -time.Second }, "Config.Retry.MaxElapsed"},
+		{"MaxBelowInitial", func(c *consumer.Config) { c.Retry.MaxInterval = time.Microsecond }, "Config.Retry.MaxInterval"},
+		{"NegativeBatch", func(c *consumer.Config) { c.BatchSize = -1 }, "Config.BatchSize"},
+		{"NoPool", func(c *consumer.Config) { c.Pool = nil }, "Config.Pool"},
+		{"NoStore", func(c *consumer.Config) { c.Store = nil }, "Config.Store"},
+	}
+	if _, err := consumer.New(valid()); err != nil {
+		t.Fatalf("New(valid config) = %v", err)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			config := valid()
+			tt.modify(&config)
+			_, err := consumer.New(config)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("New() = %v, want an error naming %s", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	for _, tt := range keyTests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			key, reason, err := consumer.IdempotencyKey(tt.msg)
+			if key != tt.wantKey || reason != tt.wantReason || (err != nil) != (tt.wantReason != "") {
+				t.Errorf("IdempotencyKey() = %q, %q, %v; want %q, %q", key, reason, err, tt.wantKey, tt.wantReason)
+			}
+		})
+	}
+}
+
+var keyTests = []struct {
+	name       string
+	msg        kafka.Message
+	wantKey    string
+	wantReason fault.Reason
+}{
+	{"Header", msgWith(`{"event_id":"e"}`, "Idempotency-Key", "h"), "h", ""},
+	{"HeaderAnyCase", msgWith(`{}`, "idempotency-key", "h"), "h", ""},
+	{"FallbackHeader", msgWith(`{"event_id":"e"}`, "X-Idempotent-Key", "x"), "x", ""},
+	{"HeaderFirst", kafka.Message{Value: []byte(`{}`), Headers: []kafka.Header{
+		{Key: "X-Idempotent-Key", Value: []byte("x")}, {Key: "Idempotency-Key", Value: []byte("h")}}}, "h", ""},
+	{"EventID", msgWith(`{"event_id":"e-1"}`, "", ""), "e-1", ""},
+	{"Unicode", msgWith(`{"event_id":"订单-1"}`, "", ""), "订单-1", ""},
+	{"Longest", msgWith(`{}`, "Idempotency-Key", strings.Repeat("é", 255)), strings.Repeat("é", 255), ""},
+	{"None", msgWith(`{"id":"e"}`, "", ""), "", fault.MissingIdempotencyKey},
+	{"NullEventID", msgWith(`{"event_id":null}`, "", ""), "", fault.MissingIdempotencyKey},
+	{"NotJSON", msgWith(`event_id=e`, "", ""), "", fault.MissingIdempotencyKey},
+	{"EmptyValue", msgWith(``, "", ""), "", fault.MissingIdempotencyKey},
+	{"NumberEventID", msgWith(`{"event_id":42}`, "", ""), "", fault.InvalidIdempotencyKey},
+	{"EmptyEventID", msgWith(`{"event_id":""}`, "", ""), "", fault.InvalidIdempotencyKey},
+	{"EmptyHeader", msgWith(`{"event_id":"e"}`, "Idempotency-Key", ""), "", fault.InvalidIdempotencyKey},
+	{"TooLong", msgWith(`{}`, "Idempotency-Key", strings.Repeat("k", 256)), "", fault.InvalidIdempotencyKey},
+	{"ControlChar", msgWith(`{}`, "Idempotency-Key", "a\nb"), "", fault.InvalidIdempotencyKey},
+	{"C1Control", msgWith(`{}`, "Idempotency-Key", "a\u0085b"), "", fault.InvalidIdempotencyKey},
+	{"BadUTF8", msgWith(`{}`, "Idempotency-Key", "a\xffb"), "", fault.InvalidIdempotencyKey},
+}
+
+func msgWith(value, headerKey, headerValue string) kafka.Message {
+	m := kafka.Message{Value: []byte(value)}
+	if headerKey != "" {
+		m.Headers = []kafka.Header{{Key: headerKey, Value: []byte(headerValue)}}
+	}
+	return m
+}
+
+func FuzzIdempotencyKey(f *testing.F) {
+	for _, tt := range keyTests {
+		var h string
+		if len(tt.msg.Headers) > 0 {
+			h = string(tt.msg.Headers[0].Value)
+		}
+		f.Add(string(tt.msg.Value), h)
+	}
+	f.Fuzz(func(t *testing.T, value, headerValue string) {
+		for _, m := range []kafka.Message{msgWith(value, "", ""), msgWith(value, "Idempotency-Key", headerValue)} {
+			key, reason, err := consumer.IdempotencyKey(m)
+			switch {
+			case err != nil && (key != "" || reason == ""):
+				t.Fatalf("failed with key %q and reason %q", key, reason)
+			case err == nil && (reason != "" || key == "" || len([]rune(key)) > 255):
+				t.Fatalf("accepted key %q with reason %q", key, reason)
+			case err == nil && (!utf8.ValidString(key) || strings.ContainsFunc(key, unicode.IsControl)):
+				t.Fatalf("accepted key %q: not printable", key)
+			}
+		}
+	})
+}

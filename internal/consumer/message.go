@@ -1,0 +1,194 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/inbox"
+)
+
+// failure is a message's final failure: the message is dead-lettered with reason.
+type failure struct {
+	reason   fault.Reason
+	err      error
+	attempts int // how many times its handler was started
+}
+
+// processMessage takes one message to a finished state: applied, duplicate or dead-lettered. It
+// returns an error only when it abandons the message (the work was cancelled, or the consumer is
+// stopping while it waited): then nothing of it was committed, and it is delivered again.
+//
+// It is the wrapper around the handler that records the metrics.
+func (p *partition) processMessage(ctx context.Context, m kafka.Message) error {
+	began := time.Now()
+	log := p.log.With("offset", m.Offset)
+	var outcome string
+	var failed *failure
+	key, reason, err := idempotencyKey(m)
+	if err != nil {
+		failed = &failure{reason: reason, err: err}
+	} else {
+		log = log.With("key", key)
+		var applied inbox.Outcome
+		applied, failed, err = p.apply(ctx, m, key, log)
+		if err != nil {
+			return err
+		}
+		outcome = string(applied)
+	}
+	if failed != nil {
+		if err := p.deadLetter(ctx, m, *failed, log); err != nil {
+			return err
+		}
+		outcome = outcomeDeadLettered
+	}
+	p.c.metrics.finished(p.topic, outcome, time.Since(began))
+	log.DebugContext(ctx, "finished the message", "outcome", outcome)
+	return nil
+}
+
+// apply runs m through the inbox and its handler until it is applied or found a duplicate, or
+// fails for good, which it returns as a failure to dead-letter (a key reused with another payload
+// among them). In between it retries in place, keeping the partition's order:
+//
+//   - a retryable error waits with exponential backoff and jitter (at least the error's RetryAfter)
+//     until the message's retry budget, Retry.MaxElapsed, runs out;
+//   - an outage of the database waits without limit, and without spending the retry budget;
+//   - a permanent error fails at once.
+//
+// Nothing is open while it waits. It returns an error only when ctx is done or the consumer begins
+// to stop while it waits.
+func (p *partition) apply(ctx context.Context, m kafka.Message, key string, log *slog.Logger) (inbox.Outcome, *failure, error) {
+	msg := inbox.Message{
+		Handler:     p.route.Name,
+		Key:         key,
+		Fingerprint: inbox.Fingerprint(m.Value),
+		Topic:       p.topic,
+		Partition:   int32(p.id),
+		Offset:      m.Offset,
+	}
+	budget := &budgetClock{}
+	retries := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(p.c.config.Retry.InitialInterval),
+		backoff.WithMaxInterval(p.c.config.Retry.MaxInterval),
+		backoff.WithMaxElapsedTime(p.c.config.Retry.MaxElapsed),
+		backoff.WithMultiplier(2),
+		backoff.WithRandomizationFactor(0.5),
+		backoff.WithClockProvider(budget),
+	)
+	var outage *backoff.ExponentialBackOff
+	for attempt := 1; ; attempt++ {
+		began := time.Now()
+		outcome, err := p.attempt(ctx, msg, m.Value, attempt, log)
+		switch {
+		case err == nil && outcome == inbox.KeyReused:
+			err := fmt.Errorf("idempotency key %q was applied before with a different payload", key)
+			return "", &failure{reason: fault.IdempotencyKeyReused, err: err, attempts: attempt}, nil
+		case err == nil:
+			return outcome, nil, nil
+		case ctx.Err() != nil:
+			return "", nil, context.Cause(ctx)
+		}
+
+		err = unwrapPermanent(err)
+		kind, reason, retryAfter := p.classify(ctx, err)
+		switch kind {
+		case fault.KindPermanent:
+			return "", &failure{reason: reason, err: err, attempts: attempt}, nil
+
+		case fault.KindUnavailable:
+			if outage == nil {
+				outage = p.outageBackOff()
+			}
+			delay := outage.NextBackOff()
+			log.WarnContext(ctx, "the database is unavailable; waiting for it",
+				"attempt", attempt, "delay", delay, "error", err)
+			if err := p.sleep(ctx, delay); err != nil {
+				return "", nil, err
+			}
+			budget.exclude(time.Since(began))
+			continue
+		}
+
+		outage = nil
+		delay := retries.NextBackOff()
+		if delay == backoff.Stop || retries.GetElapsedTime()+retryAfter > p.c.config.Retry.MaxElapsed {
+			return "", &failure{reason: reason, err: err, attempts: attempt}, nil
+		}
+		delay = max(delay, retryAfter)
+		p.c.metrics.retried(p.topic)
+		log.InfoContext(ctx, "retrying the message", "attempt", attempt, "delay", delay, "error", err)
+		if err := p.sleep(ctx, delay); err != nil {
+			return "", nil, err
+		}
+	}
+}
+
+// attempt runs m through the inbox and the handler once, in a transaction of its own, under a
+// context of its own bounded by AttemptTimeout. A panic in the handler rolls the transaction back
+// and is a permanent error.
+func (p *partition) attempt(ctx context.Context, msg inbox.Message, value []byte, attempt int, log *slog.Logger) (inbox.Outcome, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.c.config.AttemptTimeout)
+	defer cancel()
+	d := inbox.Delivery{Key: msg.Key, Value: value, Attempt: attempt}
+	return p.c.config.Store.Process(ctx, msg, func(ctx context.Context, tx pgx.Tx) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				log.ErrorContext(ctx, "the handler panicked", "panic", r, "stack", string(debug.Stack()))
+				err = fault.Permanent(fault.HandlerError, fmt.Errorf("panic: %v", r))
+			}
+		}()
+		return p.route.Handler.Handle(ctx, tx, d)
+	})
+}
+
+// classify tells what to do with a failed attempt's error (see package fault). An error that is not
+// clearly the message's own (anything but one its handler declared permanent) may come from a
+// database that just went down without saying so; a ping tells, and an outage is no message's fault.
+func (p *partition) classify(ctx context.Context, err error) (fault.Kind, fault.Reason, time.Duration) {
+	kind, reason, retryAfter := fault.Classify(err)
+	var declared *fault.Error
+	if kind == fault.KindUnavailable || errors.As(err, &declared) && declared.Kind == fault.KindPermanent {
+		return kind, reason, retryAfter
+	}
+	ping, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	if perr := p.c.config.Pool.Ping(ping); perr != nil && ctx.Err() == nil {
+		return fault.KindUnavailable, reason, 0
+	}
+	return kind, reason, retryAfter
+}
+
+// unwrapPermanent takes a backoff.PermanentError off err, so that what leaves the retry layer (a
+// dead letter's dlq-error) is the handler's error itself. Such an error says "do not retry": it is
+// made permanent unless it is already classified.
+func unwrapPermanent(err error) error {
+	var perm *backoff.PermanentError
+	if !errors.As(err, &perm) {
+		return err
+	}
+	var classified *fault.Error
+	if errors.As(perm.Err, &classified) {
+		return perm.Err
+	}
+	return fault.Permanent(fault.HandlerError, perm.Err)
+}
+
+// pingTimeout bounds the ping that tells an outage from a message's failure.
+const pingTimeout = 2 * time.Second
+
+// budgetClock is the clock of a message's retry budget: the wall clock, less the time spent in
+// attempts that met an outage and in waiting for it to end, which is no fault of the message.
+type budgetClock struct{ excluded time.Duration }
+
+func (c *budgetClock) Now() time.Time          { return time.Now().Add(-c.excluded) }
+func (c *budgetClock) exclude(d time.Duration) { c.excluded += d }

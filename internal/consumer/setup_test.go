@@ -1,0 +1,321 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/kafkatest"
+	"github.com/inboxworker/inboxworker/internal/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		runChild() // a crash test's worker process: never returns
+	}
+	pgtest.Main(m)
+}
+
+const (
+	topic    = "events"
+	dlqTopic = "events.dlq"
+	group    = "test-group"
+	handler  = "events"
+)
+
+// env is one test's broker, schema and metrics.
+type env struct {
+	t          *testing.T
+	kafka      *kafkatest.Cluster
+	db         *pgtest.DB
+	partitions int
+	log        *slog.Logger
+}
+
+// setup starts a broker with topic and its dead-letter topic (partitions each) and a fresh schema
+// with an effects table, where the test handler records what it applied, inside the inbox
+// transaction.
+func setup(t *testing.T, partitions int) *env {
+	t.Helper()
+	e := &env{
+		t:          t,
+		kafka:      kafkatest.Start(t, int32(partitions), topic, dlqTopic),
+		db:         pgtest.Schema(t),
+		partitions: partitions,
+		log:        testLogger(t),
+	}
+	_, err := e.db.Pool.Exec(context.Background(), effectsTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// effectsTable has no unique constraint: an effect applied twice shows as two rows.
+const effectsTable = `CREATE TABLE effects (
+	id   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	key  text NOT NULL,
+	body text NOT NULL
+)`
+
+// recorder is the test handler: it records each message it applies in effects, after asking fail
+// (when set) whether to fail instead. after, when set, runs once the effect is written, in the
+// transaction.
+type recorder struct {
+	fail  func(d inbox.Delivery) error
+	after func(d inbox.Delivery)
+}
+
+func (h *recorder) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
+	if h.fail != nil {
+		if err := h.fail(d); err != nil {
+			return err
+		}
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO effects (key, body) VALUES ($1, $2)`, d.Key, string(d.Value))
+	if err == nil && h.after != nil {
+		h.after(d)
+	}
+	return err
+}
+
+// config returns a consumer configuration with the fast timings of the tests.
+func (e *env) config(h consumer.Handler) consumer.Config {
+	store, err := inbox.NewStore(e.db.Pool, inbox.Config{Logger: e.log})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return testConfig(e.kafka.Addr, e.db.Pool, store, h, e.log)
+}
+
+func testConfig(broker string, pool *pgxpool.Pool, store *inbox.Store, h consumer.Handler, log *slog.Logger) consumer.Config {
+	return consumer.Config{
+		Brokers:        []string{broker},
+		GroupID:        group,
+		Routes:         []consumer.Route{{Topic: topic, Name: handler, Handler: h}},
+		SessionTimeout: 600 * time.Millisecond,
+		Retry: consumer.Retry{
+			InitialInterval: time.Millisecond,
+			MaxInterval:     20 * time.Millisecond,
+			MaxElapsed:      5 * time.Second,
+		},
+		ShutdownTimeout: 5 * time.Second,
+		LagInterval:     50 * time.Millisecond,
+		Pool:            pool,
+		Store:           store,
+		Metrics:         consumer.NewMetrics(prometheus.NewRegistry()),
+		Logger:          log,
+	}
+}
+
+// start runs a consumer for config until the test ends or stop is called.
+func (e *env) start(config consumer.Config) (c *consumer.Consumer, stop func()) {
+	e.t.Helper()
+	c, err := consumer.New(config)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				e.t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	e.t.Cleanup(stop)
+	return c, stop
+}
+
+// produce writes messages with the given idempotency keys (as event_id in JSON values) and returns
+// them. Their Kafka keys spread them over the partitions.
+func (e *env) produce(keys ...string) []kafka.Message {
+	e.t.Helper()
+	msgs := make([]kafka.Message, len(keys))
+	for i, k := range keys {
+		msgs[i] = kafka.Message{Key: []byte("order-" + k), Value: eventValue(k, i)}
+	}
+	e.kafka.Produce(e.t, topic, msgs...)
+	return msgs
+}
+
+func eventValue(key string, seq int) []byte {
+	return fmt.Appendf(nil, `{"event_id":%q,"seq":%d}`, key, seq)
+}
+
+// keys returns n distinct idempotency keys.
+func keys(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = prefix + "-" + strconv.Itoa(i)
+	}
+	return out
+}
+
+// waitFor polls cond until it holds. The deadline only keeps a broken test from hanging.
+func (e *env) waitFor(what string, cond func() bool) {
+	e.t.Helper()
+	waitFor(e.t, what, cond)
+}
+
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// committed is the sum of the group's committed offsets over topic's partitions; 0 until the group
+// exists.
+func (e *env) committed() int64 {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	transport := &kafka.Transport{}
+	defer transport.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(e.kafka.Addr), Transport: transport}
+	partitions := make([]int, e.partitions)
+	for p := range partitions {
+		partitions[p] = p
+	}
+	resp, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: partitions}})
+	if errors.Is(err, kafka.GroupIdNotFound) || err == nil && errors.Is(resp.Error, kafka.GroupIdNotFound) {
+		return 0
+	}
+	if err == nil {
+		err = resp.Error
+	}
+	if err != nil {
+		e.t.Fatalf("committed offsets: %v", err)
+	}
+	var sum int64
+	for _, p := range resp.Topics[topic] {
+		if p.Error == nil && p.CommittedOffset > 0 {
+			sum += p.CommittedOffset
+		}
+	}
+	return sum
+}
+
+// effects returns how many times each key was applied.
+func (e *env) effects() map[string]int {
+	e.t.Helper()
+	return countBy(e.t, e.db.Pool, `SELECT key, count(*) FROM effects GROUP BY key`)
+}
+
+// inboxKeys returns the keys recorded in the inbox.
+func (e *env) inboxKeys() map[string]int {
+	e.t.Helper()
+	return countBy(e.t, e.db.Pool, `SELECT idempotency_key, count(*) FROM inbox GROUP BY idempotency_key`)
+}
+
+func countBy(t testing.TB, pool *pgxpool.Pool, sql string) map[string]int {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), sql)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := make(map[string]int)
+	for rows.Next() {
+		var k string
+		var n int
+		if err := rows.Scan(&k, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[k] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// deadLetters returns every message in the dead-letter topic.
+func (e *env) deadLetters() []kafka.Message {
+	e.t.Helper()
+	var out []kafka.Message
+	for p := range e.partitions {
+		out = append(out, e.kafka.ReadAll(e.t, dlqTopic, p)...)
+	}
+	return out
+}
+
+func header(m kafka.Message, key string) string {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+func outcomes(config consumer.Config, outcome string) float64 {
+	return testutil.ToFloat64(config.Metrics.Messages.WithLabelValues(topic, outcome))
+}
+
+// testLogger routes the consumer's logs to t.Log until the test ends. LOG_LEVEL=debug shows
+// kafka-go's own logs too.
+func testLogger(t testing.TB) *slog.Logger {
+	w := &testWriter{t: t}
+	t.Cleanup(w.close) // registered first, so it runs after the consumers have stopped
+	level := slog.LevelInfo
+	if os.Getenv("LOG_LEVEL") == "debug" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+type testWriter struct {
+	mu     sync.Mutex
+	t      testing.TB
+	closed bool
+}
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return 0, errors.New("test is over")
+	}
+	w.t.Log(string(p[:len(p)-1]))
+	return len(p), nil
+}
+
+func (w *testWriter) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.closed = true
+}
+
+// lazyPool is a pool that never connects, for tests that need one only to exist.
+func lazyPool(t testing.TB) *pgxpool.Pool {
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
