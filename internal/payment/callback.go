@@ -1,0 +1,202 @@
+package payment
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/inboxworker/inboxworker/internal/fault"
+)
+
+// Result is what the provider says happened to a payment.
+type Result string
+
+// The results of the contract.
+const (
+	Success Result = "SUCCESS"
+	Failed  Result = "FAILED"
+)
+
+// Callback is a decoded, validated payment callback.
+type Callback struct {
+	// EventID is the producer's event id; empty when the body has none (the idempotency key then
+	// comes from a header). The handler does not use it: the consumer has already chosen the key.
+	EventID string
+	OrderNo string
+	// Provider names the payment provider; with ProviderTxnID it identifies one provider transaction.
+	Provider      string
+	ProviderTxnID string
+	// Amount is a non-negative decimal with exactly two places ("99.90"), as numeric(12,2) stores it.
+	Amount   string
+	Currency string
+	Result   Result
+	// PaidAt is the provider's timestamp of the callback.
+	PaidAt time.Time
+}
+
+// maxTextLen bounds every string field, in bytes.
+const maxTextLen = 255
+
+// FieldError says which field of a callback is malformed, and how. Decode returns it wrapped in a
+// permanent fault with reason invalid_payload.
+type FieldError struct {
+	// Field is the JSON field name, or "payload" when the value as a whole is not a JSON object.
+	Field   string
+	Problem string
+}
+
+func (e *FieldError) Error() string {
+	return "payment callback: " + e.Field + ": " + e.Problem
+}
+
+func invalid(field, format string, args ...any) error {
+	return fault.Permanent(fault.InvalidPayload, &FieldError{Field: field, Problem: fmt.Sprintf(format, args...)})
+}
+
+var (
+	// At most ten integer digits (numeric(12,2)), no sign, no leading zeros, at most two places.
+	amountPattern   = regexp.MustCompile(`^(0|[1-9][0-9]{0,9})(\.[0-9]{1,2})?$`)
+	currencyPattern = regexp.MustCompile(`^[A-Z]{3}$`)
+)
+
+// Decode parses and validates a payment callback. The value must be one JSON object (UTF-8) whose
+// fields are JSON strings: order_no, provider, provider_txn_id, amount (a decimal string with at most
+// two places: a JSON number is refused, since a float cannot carry money), currency (three upper-case
+// letters, ISO 4217), result (SUCCESS or FAILED) and paid_at (RFC 3339) are required; event_id is
+// optional; field names are case-sensitive and unknown fields are ignored. A JSON null counts as
+// absent. Any violation is a permanent fault with reason invalid_payload wrapping a *FieldError.
+func Decode(value []byte) (Callback, error) {
+	if !utf8.Valid(value) {
+		return Callback{}, invalid("payload", "not valid UTF-8")
+	}
+	if trimmed := bytes.TrimLeft(value, " \t\r\n"); len(trimmed) == 0 || trimmed[0] != '{' {
+		return Callback{}, invalid("payload", "not a JSON object")
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(value, &fields); err != nil {
+		return Callback{}, invalid("payload", "not a JSON object: %v", err)
+	}
+
+	var cb Callback
+	var err error
+	text := func(name string, required bool) string {
+		if err != nil {
+			return ""
+		}
+		var s string
+		s, err = stringField(fields, name, required)
+		if err == nil && s != "" {
+			err = checkText(name, s)
+		}
+		return s
+	}
+	cb.EventID = text("event_id", false)
+	cb.OrderNo = text("order_no", true)
+	cb.Provider = text("provider", true)
+	cb.ProviderTxnID = text("provider_txn_id", true)
+	amount := text("amount", true)
+	currency := text("currency", true)
+	result := text("result", true)
+	paidAt := text("paid_at", true)
+	if err != nil {
+		return Callback{}, err
+	}
+
+	if cb.Amount, err = parseAmount(amount); err != nil {
+		return Callback{}, err
+	}
+	if !currencyPattern.MatchString(currency) {
+		return Callback{}, invalid("currency", "must be three upper-case letters (ISO 4217), got %s", quote(currency))
+	}
+	cb.Currency = currency
+	switch Result(result) {
+	case Success, Failed:
+		cb.Result = Result(result)
+	default:
+		return Callback{}, invalid("result", "must be SUCCESS or FAILED, got %s", quote(result))
+	}
+	if cb.PaidAt, err = time.Parse(time.RFC3339, paidAt); err != nil {
+		return Callback{}, invalid("paid_at", "must be an RFC 3339 timestamp, got %s", quote(paidAt))
+	}
+	return cb, nil
+}
+
+// stringField returns fields[name], which must be a JSON string when present. A missing or null
+// field is "" (an error when required); an empty string is an error either way.
+func stringField(fields map[string]json.RawMessage, name string, required bool) (string, error) {
+	raw, ok := fields[name]
+	if !ok || string(raw) == "null" {
+		if required {
+			return "", invalid(name, "required")
+		}
+		return "", nil
+	}
+	if raw[0] != '"' {
+		if name == "amount" {
+			return "", invalid(name, "must be a JSON string holding a decimal (\"99.90\"), not a JSON %s", jsonKind(raw))
+		}
+		return "", invalid(name, "must be a JSON string, not a JSON %s", jsonKind(raw))
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", invalid(name, "%v", err)
+	}
+	if s == "" {
+		return "", invalid(name, "must not be empty")
+	}
+	return s, nil
+}
+
+// checkText enforces what every string field shares: a bounded length, no control characters and
+// no surrounding white space (which would never match a stored order number or transaction id).
+func checkText(name, s string) error {
+	switch {
+	case len(s) > maxTextLen:
+		return invalid(name, "longer than %d bytes", maxTextLen)
+	case strings.IndexFunc(s, unicode.IsControl) >= 0:
+		return invalid(name, "contains a control character")
+	case strings.TrimSpace(s) != s:
+		return invalid(name, "has leading or trailing white space")
+	}
+	return nil
+}
+
+// parseAmount validates a decimal amount and returns it with exactly two places.
+func parseAmount(s string) (string, error) {
+	if strings.HasPrefix(s, "-") {
+		return "", invalid("amount", "must not be negative, got %s", quote(s))
+	}
+	if !amountPattern.MatchString(s) {
+		return "", invalid("amount", "must be a decimal with at most 2 places and 10 integer digits, like \"99.90\", got %s", quote(s))
+	}
+	whole, frac, _ := strings.Cut(s, ".")
+	return whole + "." + (frac + "00")[:2], nil
+}
+
+func jsonKind(raw json.RawMessage) string {
+	switch raw[0] {
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case 't', 'f':
+		return "boolean"
+	default:
+		return "number"
+	}
+}
+
+// quote renders a rejected value for an error message, cut short: errors end up in dead-letter
+// headers and logs, which need no more than a hint.
+func quote(s string) string {
+	const max = 40
+	if utf8.RuneCountInString(s) > max {
+		s = string([]rune(s)[:max]) + "…"
+	}
+	return fmt.Sprintf("%q", s)
+}
