@@ -1,0 +1,126 @@
+package consumer_test
+
+import (
+	"strconv"
+	"testing"
+
+	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/fault"
+)
+
+// TestCrash kills a worker process with SIGKILL and checks that a new worker applies each message
+// exactly once.
+func TestCrash(t *testing.T) {
+	t.Parallel()
+
+	t.Run("AfterDatabaseCommit", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, 1)
+		all := keys("crash", 5)
+		e.produce(all...)
+
+		// The first batch's transactions commit; the process dies before its offset commit.
+		if !e.startChild(dieBeforeOffsetCommit, "").killed(t) {
+			t.Fatal("the worker was not killed")
+		}
+		appliedBefore := len(e.effects())
+		if appliedBefore == 0 {
+			t.Fatal("the killed worker applied nothing: the test kills it too early")
+		}
+		if got := e.committed(); got != 0 {
+			t.Fatalf("committed %d offsets before the kill, want none", got)
+		}
+
+		config := e.config(&recorder{})
+		e.start(config)
+		e.waitFor("all offsets committed", func() bool { return e.committed() == int64(len(all)) })
+		checkOnce(t, e, all)
+		if got := outcomes(config, "duplicate"); got != float64(appliedBefore) {
+			t.Errorf("duplicates = %v, want the %d messages the killed worker applied", got, appliedBefore)
+		}
+	})
+
+	t.Run("InTransaction", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, 1)
+		all := keys("crash", 5)
+		e.produce(all...)
+
+		// The worker dies in the handler of the third message, its effect written, uncommitted.
+		if !e.startChild(dieInHandler, all[2]).killed(t) {
+			t.Fatal("the worker was not killed")
+		}
+		if got := e.effects(); got[all[2]] != 0 || e.inboxKeys()[all[2]] != 0 {
+			t.Fatalf("the transaction the worker died in left an effect or an inbox row: %v", got)
+		}
+
+		e.start(e.config(&recorder{}))
+		e.waitFor("all offsets committed", func() bool { return e.committed() == int64(len(all)) })
+		checkOnce(t, e, all)
+	})
+}
+
+// TestCrashLoop runs workers that die in the handler of one message every time: after
+// CrashLoopStarts starts of it, it is dead-lettered without running, and its partition moves on.
+func TestCrashLoop(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	all := []string{"before", "poison", "after-1", "after-2"}
+	e.produce(all...)
+
+	kills := 0
+	for {
+		w := e.startChild(dieInHandler, "poison")
+		e.waitFor("the worker to die or get past the poison", func() bool {
+			return w.exited() || e.effects()["after-2"] == 1
+		})
+		if !w.exited() {
+			w.stop(t)
+			break
+		}
+		if !w.killed(t) {
+			t.Fatalf("the worker exited by itself: %v", w.err)
+		}
+		kills++
+		if kills > consumer.CrashLoopStarts+1 {
+			t.Fatalf("the worker died %d times: the crash loop was not broken", kills)
+		}
+	}
+	// The first death may come in a batch of several messages, which is narrowed to single messages
+	// afterwards: the poison's own starts are counted from its first single start.
+	if kills < consumer.CrashLoopStarts {
+		t.Errorf("dead-lettered after %d deaths, want at least %d", kills, consumer.CrashLoopStarts)
+	}
+
+	dead := e.deadLetters()
+	if len(dead) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(dead))
+	}
+	if got := header(dead[0], "dlq-reason"); got != string(fault.CrashLoop) {
+		t.Errorf("dlq-reason = %q, want %q", got, fault.CrashLoop)
+	}
+	if got := header(dead[0], "dlq-original-offset"); got != "1" {
+		t.Errorf("dlq-original-offset = %q, want 1", got)
+	}
+	if got := header(dead[0], "dlq-attempts"); got != strconv.Itoa(consumer.CrashLoopStarts) {
+		t.Errorf("dlq-attempts = %q, want %d", got, consumer.CrashLoopStarts)
+	}
+	if got := e.committed(); got != int64(len(all)) {
+		t.Errorf("committed %d offsets, want %d", got, len(all))
+	}
+	checkOnce(t, e, []string{"before", "after-1", "after-2"})
+}
+
+// checkOnce checks that each key was applied exactly once, and nothing else.
+func checkOnce(t *testing.T, e *env, keys []string) {
+	t.Helper()
+	effects := e.effects()
+	for _, k := range keys {
+		if effects[k] != 1 {
+			t.Errorf("%s applied %d times, want once", k, effects[k])
+		}
+	}
+	if len(effects) != len(keys) {
+		t.Errorf("effects = %v, want exactly %v once", effects, keys)
+	}
+}
