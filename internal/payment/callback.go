@@ -39,7 +39,7 @@ type Callback struct {
 	PaidAt time.Time
 }
 
-// maxTextLen bounds every string field, in bytes.
+// maxTextLen bounds every string field, in characters (the contract's bound on idempotency keys).
 const maxTextLen = 255
 
 // FieldError says which field of a callback is malformed, and how. Decode returns it wrapped in a
@@ -152,15 +152,16 @@ func stringField(fields map[string]json.RawMessage, name string, required bool) 
 	return s, nil
 }
 
-// checkText enforces what every string field shares: a bounded length, no control characters and
-// no surrounding white space (which would never match a stored order number or transaction id).
+// checkText enforces what every string field shares: at most maxTextLen characters and no control
+// characters, as for an idempotency key; and, except for event_id, no surrounding white space, which
+// would never match a stored order number or transaction id.
 func checkText(name, s string) error {
 	switch {
-	case len(s) > maxTextLen:
-		return invalid(name, "longer than %d bytes", maxTextLen)
+	case utf8.RuneCountInString(s) > maxTextLen:
+		return invalid(name, "longer than %d characters", maxTextLen)
 	case strings.IndexFunc(s, unicode.IsControl) >= 0:
 		return invalid(name, "contains a control character")
-	case strings.TrimSpace(s) != s:
+	case name != "event_id" && strings.TrimSpace(s) != s:
 		return invalid(name, "has leading or trailing white space")
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/payment"
@@ -79,6 +80,10 @@ func decodeCases(t testing.TB) []decodeCase {
 			}},
 		{name: "LongestOrderNo", value: c(map[string]any{"order_no": long[:255]}),
 			want: func(cb payment.Callback) bool { return len(cb.OrderNo) == 255 }},
+		{name: "LongestUnicodeOrderNo", value: c(map[string]any{"order_no": strings.Repeat("号", 255)}),
+			want: func(cb payment.Callback) bool { return cb.OrderNo == strings.Repeat("号", 255) }},
+		{name: "PaddedEventID", value: c(map[string]any{"event_id": " evt-1 "}),
+			want: func(cb payment.Callback) bool { return cb.EventID == " evt-1 " }},
 		{name: "UnicodeProvider", value: c(map[string]any{"provider": "支付宝"}),
 			want: func(cb payment.Callback) bool { return cb.Provider == "支付宝" }},
 
@@ -125,6 +130,8 @@ func decodeCases(t testing.TB) []decodeCase {
 		{name: "NumericEventID", value: c(map[string]any{"event_id": 7}), field: "event_id"},
 		{name: "EmptyEventID", value: c(map[string]any{"event_id": ""}), field: "event_id"},
 		{name: "LongEventID", value: c(map[string]any{"event_id": long}), field: "event_id"},
+		{name: "LongUnicodeTxnID", value: c(map[string]any{"provider_txn_id": strings.Repeat("号", 256)}), field: "provider_txn_id"},
+		{name: "ControlInEventID", value: c(map[string]any{"event_id": "evt\u00001"}), field: "event_id"},
 	}
 }
 
@@ -193,12 +200,12 @@ func FuzzDecode(f *testing.F) {
 		}
 		for name, s := range map[string]string{"order_no": cb.OrderNo, "provider": cb.Provider,
 			"provider_txn_id": cb.ProviderTxnID} {
-			if s == "" || len(s) > 255 || strings.TrimSpace(s) != s {
+			if s == "" || utf8.RuneCountInString(s) > 255 || strings.TrimSpace(s) != s {
 				t.Fatalf("accepted %s %q", name, s)
 			}
 		}
-		if len(cb.EventID) > 255 {
-			t.Fatalf("accepted event_id of %d bytes", len(cb.EventID))
+		if utf8.RuneCountInString(cb.EventID) > 255 {
+			t.Fatalf("accepted event_id of %d characters", utf8.RuneCountInString(cb.EventID))
 		}
 		if !validAmount.MatchString(cb.Amount) || !validCurrency.MatchString(cb.Currency) {
 			t.Fatalf("accepted amount %q currency %q", cb.Amount, cb.Currency)
