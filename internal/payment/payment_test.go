@@ -3,6 +3,7 @@ package payment_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -21,16 +22,33 @@ import (
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
 
-// testWriter routes log lines to t.Log.
-type testWriter struct{ t testing.TB }
+// testWriter routes log lines to t.Log until the test ends.
+type testWriter struct {
+	mu     sync.Mutex
+	t      testing.TB
+	closed bool
+}
 
-func (w testWriter) Write(p []byte) (int, error) {
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return 0, errors.New("test is over")
+	}
 	w.t.Log(strings.TrimSuffix(string(p), "\n"))
 	return len(p), nil
 }
 
+// testLogger returns a logger writing to t.Log. Call it before starting anything that logs in the
+// background: its cleanup, registered first, runs last.
 func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	w := &testWriter{t: t}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.closed = true
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 func newHandler(t testing.TB) *payment.Handler {

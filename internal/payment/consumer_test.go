@@ -1,0 +1,191 @@
+package payment_test
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/kafkatest"
+	"github.com/inboxworker/inboxworker/internal/payment"
+)
+
+// createOnRetry creates an order just before the second attempt at a callback, as an order service
+// that committed the order a moment after the provider called back.
+type createOnRetry struct {
+	handler *payment.Handler
+	key     string
+	create  func()
+}
+
+func (h *createOnRetry) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
+	if d.Key == h.key && d.Attempt == 2 {
+		h.create()
+	}
+	return h.handler.Handle(ctx, tx, d)
+}
+
+// TestThroughConsumer runs a stream of callbacks with redeliveries (the same message again, and the
+// provider's resend under a new key) for every case of the contract through the consumer on a Kafka
+// broker, and checks the final state of the orders, the dead-letter topic and the outcomes.
+func TestThroughConsumer(t *testing.T) {
+	t.Parallel()
+	const topic, dlqTopic, partitions = "payments.callbacks", "payments.callbacks.dlq", 2
+	e := setup(t)
+	broker := kafkatest.Start(t, partitions, topic, dlqTopic)
+	for _, o := range []struct{ orderNo, status string }{
+		{"ORD-PAID", "PENDING"}, {"ORD-FAILED", "PENDING"}, {"ORD-MISMATCH", "PENDING"},
+		{"ORD-DUP", "PENDING"}, {"ORD-CANCELLED", "CANCELLED"},
+	} {
+		createOrder(t, e.pool, o.orderNo, "99.90", "CNY", o.status)
+	}
+
+	// The stream. Kafka keys are order numbers, so each order's callbacks stay in order. The
+	// idempotency key is event_id, or the Idempotency-Key header when header is set.
+	type delivery struct {
+		orderNo string
+		key     string
+		header  bool
+		changes map[string]any
+	}
+	stream := []delivery{
+		{"ORD-PAID", "e1", false, map[string]any{"provider_txn_id": "T-PAID"}},
+		{"ORD-PAID", "e1", false, map[string]any{"provider_txn_id": "T-PAID"}},
+		{"ORD-PAID", "e1-resent", false, map[string]any{"provider_txn_id": "T-PAID"}},
+		{"ORD-PAID", "e1-bad", false, map[string]any{"provider_txn_id": "T-BAD", "amount": 99.9}},
+		{"ORD-FAILED", "h2", true, map[string]any{"provider_txn_id": "T-FAILED", "result": "FAILED"}},
+		{"ORD-FAILED", "h2", true, map[string]any{"provider_txn_id": "T-FAILED", "result": "FAILED"}},
+		{"ORD-FAILED", "h2-resent", true, map[string]any{"provider_txn_id": "T-FAILED", "result": "FAILED"}},
+		{"ORD-MISMATCH", "e3", false, map[string]any{"provider_txn_id": "T-MISMATCH", "amount": "1.00"}},
+		{"ORD-MISMATCH", "e3", false, map[string]any{"provider_txn_id": "T-MISMATCH", "amount": "1.00"}},
+		{"ORD-DUP", "e4", false, map[string]any{"provider_txn_id": "T-DUP1"}},
+		{"ORD-DUP", "e5", false, map[string]any{"provider_txn_id": "T-DUP2"}},
+		{"ORD-DUP", "e4", false, map[string]any{"provider_txn_id": "T-DUP1"}},
+		{"ORD-DUP", "e5", false, map[string]any{"provider_txn_id": "T-DUP2"}},
+		{"ORD-DUP", "e5-resent", false, map[string]any{"provider_txn_id": "T-DUP2"}},
+		{"ORD-CANCELLED", "e6", false, map[string]any{"provider_txn_id": "T-CANCELLED"}},
+		{"ORD-CANCELLED", "e6", false, map[string]any{"provider_txn_id": "T-CANCELLED"}},
+		{"ORD-LATE", "e7", false, map[string]any{"provider_txn_id": "T-LATE"}},
+		{"ORD-LATE", "e7", false, map[string]any{"provider_txn_id": "T-LATE"}},
+		{"ORD-UNKNOWN", "e8", false, map[string]any{"provider_txn_id": "T-UNKNOWN"}},
+	}
+	msgs := make([]kafka.Message, len(stream))
+	for i, d := range stream {
+		changes := map[string]any{"order_no": d.orderNo, "event_id": d.key}
+		if d.header {
+			changes["event_id"] = nil
+		}
+		for k, v := range d.changes {
+			changes[k] = v
+		}
+		msgs[i] = kafka.Message{Key: []byte(d.orderNo), Value: callback(t, changes)}
+		if d.header {
+			msgs[i].Headers = []kafka.Header{{Key: "Idempotency-Key", Value: []byte(d.key)}}
+		}
+	}
+
+	metrics := consumer.NewMetrics(prometheus.NewRegistry())
+	c, err := consumer.New(consumer.Config{
+		Brokers: []string{broker.Addr},
+		GroupID: "payments-test",
+		Routes: []consumer.Route{{Topic: topic, Name: "payments", Handler: &createOnRetry{
+			handler: e.handler,
+			key:     "e7",
+			create:  func() { createOrder(t, e.pool, "ORD-LATE", "99.90", "CNY", "PENDING") },
+		}}},
+		SessionTimeout: 600 * time.Millisecond,
+		Retry: consumer.Retry{
+			InitialInterval: time.Millisecond,
+			MaxInterval:     20 * time.Millisecond,
+			MaxElapsed:      300 * time.Millisecond,
+		},
+		ShutdownTimeout: 5 * time.Second,
+		LagInterval:     50 * time.Millisecond,
+		Pool:            e.pool,
+		Store:           e.store,
+		Metrics:         metrics,
+		Logger:          testLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := c.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	broker.Produce(t, topic, msgs...)
+	deadline := time.Now().Add(60 * time.Second) // only keeps a broken test from hanging
+	for {
+		var committed int64
+		for p := range partitions {
+			committed += max(0, broker.CommittedOffset(t, "payments-test", topic, p))
+		}
+		if committed == int64(len(msgs)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d offsets committed", committed, len(msgs))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+
+	paid := " at " + paidAt
+	for orderNo, want := range map[string]state{
+		"ORD-PAID":   {Order: "PAID by T-PAID" + paid, Payments: []string{"alipay/T-PAID SUCCESS 99.90 CNY key=e1"}},
+		"ORD-FAILED": {Order: "PENDING", Payments: []string{"alipay/T-FAILED FAILED 99.90 CNY key=h2"}},
+		"ORD-MISMATCH": {Order: "PENDING", Anomalies: []string{
+			"alipay/T-MISMATCH amount_mismatch expected=99.90 CNY received=1.00 CNY key=e3"}},
+		"ORD-DUP": {Order: "PAID by T-DUP1" + paid, Payments: []string{"alipay/T-DUP1 SUCCESS 99.90 CNY key=e4"},
+			Anomalies: []string{"alipay/T-DUP2 duplicate_payment expected=99.90 CNY received=99.90 CNY key=e5 previous=alipay/T-DUP1"}},
+		"ORD-CANCELLED": {Order: "CANCELLED", Anomalies: []string{
+			"alipay/T-CANCELLED paid_after_cancel expected=99.90 CNY received=99.90 CNY key=e6"}},
+		"ORD-LATE": {Order: "PAID by T-LATE" + paid, Payments: []string{"alipay/T-LATE SUCCESS 99.90 CNY key=e7"}},
+	} {
+		if got := readState(t, e.pool, orderNo); !equalState(got, want) {
+			t.Errorf("%s:\n%s\nwant:\n%s", orderNo, got, want)
+		}
+	}
+
+	dead := map[string]string{} // idempotency key → dlq-reason
+	for p := range partitions {
+		for _, m := range broker.ReadAll(t, dlqTopic, p) {
+			var body struct {
+				EventID string `json:"event_id"`
+			}
+			if err := json.Unmarshal(m.Value, &body); err != nil {
+				t.Fatalf("dead letter %s: %v", m.Value, err)
+			}
+			for _, h := range m.Headers {
+				if h.Key == "dlq-reason" {
+					dead[body.EventID] = string(h.Value)
+				}
+			}
+		}
+	}
+	wantDead := map[string]string{"e1-bad": string(fault.InvalidPayload), "e8": string(fault.UnknownOrder)}
+	if len(dead) != len(wantDead) || dead["e1-bad"] != wantDead["e1-bad"] || dead["e8"] != wantDead["e8"] {
+		t.Errorf("dead letters by key: %v, want %v", dead, wantDead)
+	}
+
+	for outcome, want := range map[string]float64{"applied": 7, "duplicate": 10, "dead_lettered": 2} {
+		if got := testutil.ToFloat64(metrics.Messages.WithLabelValues(topic, outcome)); got != want {
+			t.Errorf("%s messages: %v, want %v", outcome, got, want)
+		}
+	}
+}
