@@ -13,7 +13,8 @@ CREATE TABLE orders (
     updated_at       timestamptz   NOT NULL DEFAULT now()
 );
 
--- Every payment callback that was applied. UNIQUE(provider, provider_txn_id) is the business-key
+-- One row per provider transaction, holding its final result (a FAILED attempt that later succeeds
+-- is upgraded to SUCCESS). UNIQUE(provider, provider_txn_id) is the business-key
 -- guard: a provider resending one payment under a new event id cannot record it twice.
 CREATE TABLE payments (
     id               bigint        GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
