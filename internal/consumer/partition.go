@@ -116,7 +116,11 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 			break
 		}
 	}
-	p.log.Info("released the partition", "cause", context.Cause(idle))
+	cause := context.Cause(idle)
+	if work.Err() != nil {
+		cause = context.Cause(work) // revoked, or stopped at the shutdown timeout
+	}
+	p.log.Info("released the partition", "cause", cause)
 }
 
 // nextBatch returns the next messages to run together: up to BatchSize, or those that arrived

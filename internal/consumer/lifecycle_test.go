@@ -1,0 +1,152 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/kafkatest"
+	"github.com/inboxworker/inboxworker/internal/pgtest"
+)
+
+func TestShutdown(t *testing.T) {
+	t.Parallel()
+
+	t.Run("InFlightFinishes", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, 1)
+		entered := make(chan struct{})
+		c, stop := e.start(e.config(&recorder{fail: func(d inbox.Delivery) error {
+			close(entered)
+			time.Sleep(200 * time.Millisecond)
+			return nil
+		}}))
+		e.produce("slow")
+		<-entered
+		stop()
+		if c.Ready() {
+			t.Error("Ready() = true after Run returned")
+		}
+		if got := e.effects()["slow"]; got != 1 {
+			t.Errorf("the in-flight message was applied %d times, want once", got)
+		}
+		if got := e.committed(); got != 1 {
+			t.Errorf("committed %d offsets, want the in-flight message's", got)
+		}
+	})
+
+	t.Run("TimeoutCancels", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, 1)
+		entered := make(chan struct{})
+		causes := make(chan error, 1)
+		config := e.config(nil)
+		config.ShutdownTimeout = 100 * time.Millisecond
+		// A handler that waits for its context: only the cancellation at the timeout ends it.
+		config.Routes[0].Handler = handlerFunc(func(ctx context.Context, d inbox.Delivery) error {
+			close(entered)
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+			return ctx.Err()
+		})
+		_, stop := e.start(config)
+		e.produce("stuck")
+		<-entered
+		stop()
+		if cause := <-causes; !errors.Is(cause, consumer.ErrStopped) {
+			t.Errorf("the handler's context was cancelled with cause %v, want ErrStopped", cause)
+		}
+		if len(e.effects()) != 0 || len(e.inboxKeys()) != 0 || e.committed() != 0 {
+			t.Errorf("the cancelled message left effects %v, inbox keys %v, or a commit (%d)",
+				e.effects(), e.inboxKeys(), e.committed())
+		}
+		if dead := e.deadLetters(); len(dead) != 0 {
+			t.Errorf("the cancelled message was dead-lettered: %v", header(dead[0], "dlq-reason"))
+		}
+	})
+}
+
+// handlerFunc is a handler that records nothing.
+type handlerFunc func(ctx context.Context, d inbox.Delivery) error
+
+func (f handlerFunc) Handle(ctx context.Context, _ pgx.Tx, d inbox.Delivery) error { return f(ctx, d) }
+
+// TestDeadLetterTopicUnavailable checks that a message whose dead letter cannot be written holds its
+// partition, uncommitted, until the dead-letter topic can be written.
+func TestDeadLetterTopicUnavailable(t *testing.T) {
+	t.Parallel()
+	e := &env{t: t, kafka: kafkatest.Start(t, 1, topic), db: pgtest.Schema(t), partitions: 1, log: testLogger(t)}
+	if _, err := e.db.Pool.Exec(t.Context(), effectsTable); err != nil {
+		t.Fatal(err)
+	}
+	attempted := make(chan struct{})
+	config := e.config(&recorder{fail: func(d inbox.Delivery) error {
+		if d.Key == "bad" {
+			close(attempted)
+			return fault.Permanent(fault.InvalidPayload, errors.New("bad payload"))
+		}
+		return nil
+	}})
+	e.start(config)
+	e.produce("bad", "next")
+	<-attempted
+
+	// No dead-letter topic yet: the partition waits.
+	time.Sleep(time.Second)
+	if got := e.committed(); got != 0 {
+		t.Fatalf("committed %d offsets without writing the dead letter", got)
+	}
+	if got := e.effects()["next"]; got != 0 {
+		t.Fatal("the partition moved past a message it could not dead-letter")
+	}
+
+	createTopic(t, e.kafka.Addr, dlqTopic)
+	e.waitFor("both offsets committed", func() bool { return e.committed() == 2 })
+	if dead := e.deadLetters(); len(dead) != 1 || header(dead[0], "dlq-reason") != string(fault.InvalidPayload) {
+		t.Errorf("dead letters = %v, want the bad message", dead)
+	}
+	checkOnce(t, e, []string{"next"})
+}
+
+func createTopic(t *testing.T, broker, name string) {
+	t.Helper()
+	transport := &kafka.Transport{}
+	defer transport.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(broker), Transport: transport}
+	resp, err := client.CreateTopics(t.Context(), &kafka.CreateTopicsRequest{
+		Topics: []kafka.TopicConfig{{Topic: name, NumPartitions: 1, ReplicationFactor: 1}},
+	})
+	if err == nil {
+		err = resp.Errors[name]
+	}
+	if err != nil {
+		t.Fatalf("create topic %s: %v", name, err)
+	}
+}
+
+// TestLag checks the consumer_lag gauge while a partition is held up and after it caught up.
+func TestLag(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	release := make(chan struct{})
+	config := e.config(&recorder{fail: func(d inbox.Delivery) error {
+		if d.Key == "first" {
+			<-release
+		}
+		return nil
+	}})
+	e.start(config)
+	e.produce(append([]string{"first"}, keys("then", 9)...)...)
+	lag := config.Metrics.Lag.WithLabelValues(topic, "0")
+	e.waitFor("a lag of 10", func() bool { return testutil.ToFloat64(lag) == 10 })
+	close(release)
+	e.waitFor("no lag", func() bool { return testutil.ToFloat64(lag) == 0 })
+}
