@@ -73,6 +73,8 @@ type Config struct {
 	Retention map[string]time.Duration
 	// DefaultRetention defaults to 72h.
 	DefaultRetention time.Duration
+	// PurgeBatchSize is how many expired keys Purge deletes per transaction. Defaults to 5000.
+	PurgeBatchSize int
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -89,9 +91,13 @@ func NewStore(pool *pgxpool.Pool, config Config) (*Store, error) {
 		return nil, errors.New("inbox: pool is required")
 	}
 	config.DefaultRetention = cmp.Or(config.DefaultRetention, 72*time.Hour)
+	config.PurgeBatchSize = cmp.Or(config.PurgeBatchSize, defaultPurgeBatchSize)
 	config.Logger = cmp.Or(config.Logger, slog.Default())
 	if config.DefaultRetention < 0 {
 		return nil, fmt.Errorf("inbox: DefaultRetention must be positive, got %s", config.DefaultRetention)
+	}
+	if config.PurgeBatchSize < 0 {
+		return nil, fmt.Errorf("inbox: PurgeBatchSize must be positive, got %d", config.PurgeBatchSize)
 	}
 	for handler, d := range config.Retention {
 		if d <= 0 {

@@ -411,6 +411,7 @@ func TestNewStoreValidatesConfig(t *testing.T) {
 	for name, config := range map[string]inbox.Config{
 		"NegativeDefaultRetention": {DefaultRetention: -time.Hour},
 		"ZeroHandlerRetention":     {Retention: map[string]time.Duration{"sms": 0}},
+		"NegativePurgeBatchSize":   {PurgeBatchSize: -1},
 	} {
 		if _, err := inbox.NewStore(pool, config); err == nil {
 			t.Errorf("%s: NewStore(%+v) succeeded", name, config)
