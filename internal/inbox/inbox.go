@@ -8,6 +8,9 @@
 // one key are arbitrated by the primary key: the second claim waits for the first transaction and
 // then sees its outcome.
 //
+// A key is remembered for its handler's retention (Config.Retention), then deleted by Purge, which
+// RunPurger calls periodically; a redelivery after that is applied again.
+//
 // inbox knows Postgres and nothing of Kafka: origin offsets are stored for operators, not read.
 // It does not retry; it classifies Postgres errors (see Classify) so that its caller can.
 package inbox
@@ -19,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,7 +46,8 @@ const (
 // ErrAlreadyApplied is returned by an effect that finds, by its own business keys, that this
 // message's effect already happened under another idempotency key (a payment provider resending one
 // transaction under a new event id). Process then commits the inbox row, writing nothing else the
-// effect did not write, and reports Duplicate.
+// effect did not write, and reports Duplicate. The transaction must still be usable: after a
+// failed statement the commit fails, and Process returns that error instead.
 var ErrAlreadyApplied = errors.New("inbox: effect already applied under another key")
 
 // Message identifies one delivery to process.
@@ -90,6 +95,7 @@ func NewStore(pool *pgxpool.Pool, config Config) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("inbox: pool is required")
 	}
+	config.Retention = maps.Clone(config.Retention) // the caller's map may change later
 	config.DefaultRetention = cmp.Or(config.DefaultRetention, 72*time.Hour)
 	config.PurgeBatchSize = cmp.Or(config.PurgeBatchSize, defaultPurgeBatchSize)
 	config.Logger = cmp.Or(config.Logger, slog.Default())
