@@ -36,10 +36,14 @@ func ServerURL() string {
 	return DefaultURL
 }
 
-// Main runs the tests of a package that uses pgtest, then drops the shared schema and checks that
-// no goroutine leaked. Call it from TestMain.
-func Main(m *testing.M) {
+// Main runs the tests of a package that uses pgtest, then runs cleanups (what TestMain set up for
+// the whole package), drops the shared schema and checks that no goroutine leaked. Call it from
+// TestMain.
+func Main(m *testing.M, cleanups ...func()) {
 	code := m.Run()
+	for _, cleanup := range cleanups {
+		cleanup()
+	}
 	shared.close()
 	if code == 0 {
 		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
