@@ -5,7 +5,7 @@ CREATE TABLE notifications (
     recipient            text        NOT NULL,
     template             text        NOT NULL,
     status               text        NOT NULL CHECK (status IN ('SENT')),
-    provider_message_id  text        NOT NULL,
+    provider_message_id  text        CHECK (provider_message_id <> ''), -- NULL: accepted without an id
     attempts             integer     NOT NULL CHECK (attempts >= 1),
     sent_at              timestamptz NOT NULL DEFAULT now()
 );
