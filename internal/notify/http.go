@@ -1,0 +1,234 @@
+package notify
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/inboxworker/inboxworker/internal/fault"
+)
+
+// HTTPConfig configures an HTTPSender.
+type HTTPConfig struct {
+	// URL is the provider's endpoint, an absolute http or https URL. Required.
+	URL string
+	// Token, when set, is sent as "Authorization: Bearer <Token>". It never appears in errors or logs.
+	Token string
+	// Timeout bounds each request, the answer included. Defaults to 5s.
+	Timeout time.Duration
+	// Client defaults to http.DefaultClient.
+	Client *http.Client
+}
+
+// HTTPSender sends SMS through the HTTP provider contract:
+//
+//	POST URL
+//	Content-Type: application/json
+//	Idempotency-Key: <key>
+//	Authorization: Bearer <token>     (when a token is set)
+//	{"to":"+8613800138000","template":"verify_code","params":{"code":"123456"},"reference":"<key>"}
+//
+// A 2xx answer is accepted; the "id" of its JSON body (a string, or a number taken as its text) is
+// the provider message id. A 2xx without a usable id is still accepted, with id "": the provider says
+// the message went out, and retrying would at best repeat that answer and at worst deliver twice. The
+// handler records it with no id and logs a warning.
+//
+// 408, 429, 5xx, timeouts and connection errors are retryable, with the answer's Retry-After (seconds
+// or an HTTP date) as fault.Error.RetryAfter. Any other status is permanent, reason
+// fault.ProviderRejected, with the status and the start of the provider's answer in the error text,
+// after removing the token and anything that looks like a phone number from it.
+type HTTPSender struct {
+	url     string
+	token   string
+	timeout time.Duration
+	client  *http.Client
+}
+
+// NewHTTPSender returns an HTTPSender.
+func NewHTTPSender(config HTTPConfig) (*HTTPSender, error) {
+	u, err := url.Parse(config.URL)
+	switch {
+	case config.URL == "":
+		return nil, errors.New("notify: HTTPConfig.URL is required")
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+		return nil, errors.New("notify: HTTPConfig.URL must be an absolute http or https URL")
+	case config.Timeout < 0:
+		return nil, fmt.Errorf("notify: HTTPConfig.Timeout must be positive, got %s", config.Timeout)
+	case strings.ContainsFunc(config.Token, func(r rune) bool { return r < 0x21 || r > 0x7e }):
+		return nil, errors.New("notify: HTTPConfig.Token must be printable ASCII without spaces")
+	}
+	return &HTTPSender{
+		url:     config.URL,
+		token:   config.Token,
+		timeout: cmp.Or(config.Timeout, 5*time.Second),
+		client:  cmp.Or(config.Client, http.DefaultClient),
+	}, nil
+}
+
+// providerRequest is the body of a request to the provider.
+type providerRequest struct {
+	To        string            `json:"to"`
+	Template  string            `json:"template"`
+	Params    map[string]string `json:"params"`
+	Reference string            `json:"reference"`
+}
+
+// Size limits of what is read from the provider and quoted from it.
+const (
+	maxAnswerRead  = 64 << 10
+	maxAnswerQuote = 200
+)
+
+// Send posts sms to the provider. See HTTPSender for what its answers mean.
+func (s *HTTPSender) Send(ctx context.Context, sms SMS) (string, error) {
+	params := sms.Params
+	if params == nil {
+		params = map[string]string{}
+	}
+	body, err := json.Marshal(providerRequest{To: sms.To, Template: sms.Template, Params: params, Reference: sms.Key})
+	if err != nil {
+		return "", fault.Permanent(fault.HandlerError, fmt.Errorf("sms provider: encode request: %w", err))
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
+	if err != nil {
+		return "", fault.Permanent(fault.HandlerError, errors.New("sms provider: cannot build a request to the URL"))
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("Idempotency-Key", sms.Key)
+	if s.token != "" {
+		req.Header.Set("Authorization", "Bearer "+s.token)
+	}
+
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return "", fault.Retryable(s.transportError(ctx, err))
+	}
+	defer resp.Body.Close()
+	answer, readErr := io.ReadAll(io.LimitReader(resp.Body, maxAnswerRead))
+
+	switch code := resp.StatusCode; {
+	case code >= 200 && code < 300:
+		// Accepted, whatever happens to the rest of the answer.
+		return messageID(answer), nil
+	case code == http.StatusRequestTimeout, code == http.StatusTooManyRequests, code >= 500:
+		err := &fault.Error{
+			Kind:       fault.KindRetryable,
+			RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now()),
+			Err:        fmt.Errorf("sms provider: %s%s", resp.Status, s.quote(answer, sms.To)),
+		}
+		return "", err
+	default:
+		if readErr != nil && len(answer) == 0 {
+			answer = []byte("(answer unreadable)")
+		}
+		return "", fault.Permanent(fault.ProviderRejected,
+			fmt.Errorf("sms provider: %s%s", resp.Status, s.quote(answer, sms.To)))
+	}
+}
+
+// transportError describes a request that got no answer without quoting the URL (which may carry
+// credentials in its query) and keeps the cause for errors.Is.
+func (s *HTTPSender) transportError(ctx context.Context, err error) error {
+	var urlErr *url.Error
+	if errors.As(err, &urlErr) {
+		err = urlErr.Err
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("sms provider: no answer within %s: %w", s.timeout, err)
+	}
+	return fmt.Errorf("sms provider: request failed: %w", err)
+}
+
+// messageID returns the "id" of a provider's JSON answer: a string, or a number as its text; "" when
+// there is none.
+func messageID(answer []byte) string {
+	var body struct {
+		ID json.RawMessage `json:"id"`
+	}
+	if json.Unmarshal(answer, &body) != nil {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(body.ID, &s) == nil {
+		return strings.TrimSpace(s)
+	}
+	var n json.Number
+	if json.Unmarshal(body.ID, &n) == nil {
+		return n.String()
+	}
+	return ""
+}
+
+// maxRetryAfter bounds a provider's Retry-After; the consumer's retry budget bounds it further.
+const maxRetryAfter = 24 * time.Hour
+
+// retryAfter parses a Retry-After header, delay-seconds or an HTTP date, into a wait from now, at most
+// maxRetryAfter. It returns 0 for an absent, malformed or past value.
+func retryAfter(header string, now time.Time) time.Duration {
+	header = strings.TrimSpace(header)
+	if header == "" {
+		return 0
+	}
+	if secs, err := strconv.ParseInt(header, 10, 64); err == nil {
+		if secs <= 0 {
+			return 0
+		}
+		return min(time.Duration(min(secs, int64(maxRetryAfter/time.Second)))*time.Second, maxRetryAfter)
+	}
+	if t, err := http.ParseTime(header); err == nil && t.After(now) {
+		return min(t.Sub(now), maxRetryAfter)
+	}
+	return 0
+}
+
+// phoneLike matches runs of digits, possibly grouped by spaces, dots, dashes or parentheses, that are
+// long enough to be a phone number.
+var phoneLike = regexp.MustCompile(`\+?\(?\d(?:[\s().-]?\d){6,}`)
+
+// quote returns ": " and the start of a provider's answer, fit for error text: the token and anything
+// that looks like a phone number (the provider may echo the recipient) removed, control characters
+// replaced, and cut to maxAnswerQuote bytes. Empty for an empty answer.
+func (s *HTTPSender) quote(answer []byte, to string) string {
+	text := strings.ToValidUTF8(string(answer), "\uFFFD")
+	if s.token != "" {
+		text = strings.ReplaceAll(text, s.token, "[token]")
+	}
+	if to != "" {
+		text = strings.ReplaceAll(text, to, MaskPhone(to))
+	}
+	text = phoneLike.ReplaceAllString(text, "[number]")
+	text = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, text)
+	text = strings.TrimSpace(text)
+	if text == "" {
+		return ""
+	}
+	if len(text) > maxAnswerQuote {
+		cut := maxAnswerQuote
+		for cut > 0 && !utf8.RuneStart(text[cut]) {
+			cut--
+		}
+		text = text[:cut] + "…"
+	}
+	return ": " + text
+}

@@ -1,0 +1,147 @@
+// Package notify sends the SMS of the notifications.sms topic, once per idempotency key.
+//
+// Handler decodes an SMS event (Decode), sends it through a Sender with the message's idempotency
+// key, and records a notifications row (status SENT, the provider's message id) through the inbox
+// transaction, so the row and the inbox key commit together or not at all. A failed send records
+// nothing; the consumer retries the message later, outside any transaction, and the retry sends again
+// with the same key. The send happens inside the transaction: the inbox claim's row lock on the key is
+// held for at most one provider request (HTTPConfig.Timeout), never across a backoff.
+//
+// Two senders: HTTPSender speaks the HTTP provider contract (Idempotency-Key header, JSON body, status
+// codes mapped to package fault); LogSender only logs, for development and for deployments without a
+// provider. Phone numbers appear in logs and error text only masked (MaskPhone), the provider token
+// never.
+//
+// notify knows SMS providers and nothing of Kafka or offsets. It does not retry, back off or
+// dead-letter (its errors are classified with package fault, the consumer acts on them), does not
+// render message text (a template is a name the provider knows), and does not purge notifications.
+//
+// # The remaining window
+//
+// Postgres and the provider cannot commit together. If the provider accepts a message and the process
+// dies (or loses Postgres) before the transaction commits, nothing is recorded, the Kafka offset is not
+// committed, and the message is processed again: a second provider call. That call carries the same
+// Idempotency-Key (and the same reference in the body) as the first, because the key is the message's
+// own idempotency key, not something generated per attempt. A provider that honours Idempotency-Key
+// answers it with the first message's id and does not deliver again, so the person receives one SMS and
+// the notifications row holds the id of the delivered message. A provider that ignores the key delivers
+// twice in this window and only then; the window is as wide as one provider request plus the commit.
+package notify
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxworker/inboxworker/internal/inbox"
+)
+
+// SMS is one message to send.
+type SMS struct {
+	// Key is the idempotency key, passed to the provider so that a resend is not delivered twice.
+	Key string
+	// To is the recipient, in E.164.
+	To string
+	// Template names the provider's message template.
+	Template string
+	// Params fill the template's placeholders.
+	Params map[string]string
+}
+
+// LogValue logs an SMS with its number masked and without its params' values, which may be codes.
+func (s SMS) LogValue() slog.Value {
+	names := make([]string, 0, len(s.Params))
+	for name := range s.Params {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return slog.GroupValue(
+		slog.String("key", s.Key),
+		slog.String("to", MaskPhone(s.To)),
+		slog.String("template", s.Template),
+		slog.Any("params", names),
+	)
+}
+
+// Sender delivers an SMS through a provider.
+type Sender interface {
+	// Send delivers sms and returns the provider's id for the message, "" when the provider accepted it
+	// without one. sms.Key goes to the provider as its idempotency key: two sends with one key are one
+	// message to a provider that honours it. Errors are classified with package fault: retryable when
+	// a later try may succeed, permanent with reason fault.ProviderRejected when it cannot. Neither the
+	// error nor any log line holds the full number or a credential.
+	Send(ctx context.Context, sms SMS) (providerMessageID string, err error)
+}
+
+// Config configures a Handler.
+type Config struct {
+	// Sender delivers the messages. Required; NewLogSender when there is no provider.
+	Sender Sender
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Handler applies SMS events: it implements the consumer's Handler interface.
+type Handler struct {
+	sender Sender
+	logger *slog.Logger
+}
+
+// NewHandler returns a Handler.
+func NewHandler(config Config) (*Handler, error) {
+	if config.Sender == nil {
+		return nil, errors.New("notify: Config.Sender is required")
+	}
+	return &Handler{sender: config.Sender, logger: cmp.Or(config.Logger, slog.Default())}, nil
+}
+
+const insertNotificationSQL = `
+INSERT INTO notifications (idempotency_key, recipient, template, status, provider_message_id, attempts, sent_at)
+VALUES ($1, $2, $3, 'SENT', $4, $5, clock_timestamp())`
+
+// Handle sends the SMS of d and records it through tx, the inbox transaction of d.Key. An invalid event
+// is a permanent fault.InvalidPayload error; a failed send returns the sender's classified error and
+// records nothing. A key already in notifications (its inbox row has expired, the SMS was sent) is not
+// sent again: Handle returns inbox.ErrAlreadyApplied.
+func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
+	sms, err := Decode(d.Value)
+	if err != nil {
+		return err
+	}
+	sms.Key = d.Key
+
+	var sent bool
+	err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM notifications WHERE idempotency_key = $1)`,
+		d.Key).Scan(&sent)
+	if err != nil {
+		return inbox.Classify(fmt.Errorf("notify: read notifications: %w", err))
+	}
+	if sent {
+		h.logger.InfoContext(ctx, "sms already sent under this key; not sending again", slog.Any("sms", sms))
+		return inbox.ErrAlreadyApplied
+	}
+
+	id, err := h.sender.Send(ctx, sms)
+	if err != nil {
+		return fmt.Errorf("notify: send to %s: %w", MaskPhone(sms.To), err)
+	}
+	var storedID *string
+	if id != "" {
+		storedID = &id
+	} else {
+		h.logger.WarnContext(ctx, "sms provider accepted the message without an id; recording it with none",
+			slog.Any("sms", sms))
+	}
+	_, err = tx.Exec(ctx, insertNotificationSQL, sms.Key, sms.To, sms.Template, storedID, max(d.Attempt, 1))
+	if err != nil {
+		return inbox.Classify(fmt.Errorf("notify: record notification: %w", err))
+	}
+	h.logger.InfoContext(ctx, "sms sent", slog.Any("sms", sms), slog.String("provider_message_id", id),
+		slog.Int("attempt", d.Attempt))
+	return nil
+}
