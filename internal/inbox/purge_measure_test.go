@@ -68,11 +68,13 @@ func TestPurgeMillionRows(t *testing.T) {
 				}
 			})
 		}()
+		before := e.serverActivity(t)
 		start = time.Now()
 		deleted, err := store.Purge(ctx)
 		took := time.Since(start)
 		close(purged)
 		during := <-claims
+		after := e.serverActivity(t)
 		if err != nil || deleted != int64(rows) {
 			t.Fatalf("Purge = %d, %v; want %d", deleted, err, rows)
 		}
@@ -83,6 +85,8 @@ func TestPurgeMillionRows(t *testing.T) {
 		t.Logf("batch size %s: purged %d keys in %s (%.0f keys/s); claims during the purge: %s",
 			label, deleted, took.Round(time.Millisecond),
 			float64(deleted)/took.Seconds(), during)
+		t.Logf("during the purge: %d MB of WAL written, %d checkpoints started; load average %s",
+			(after.wal-before.wal)>>20, after.checkpoints-before.checkpoints, loadAverage())
 	}
 }
 
@@ -116,6 +120,30 @@ func claimLatencies(t *testing.T, store *inbox.Store, prefix string, more func(i
 		}
 	}
 	return out
+}
+
+// serverActivity is a snapshot of the server's WAL position and checkpoint count: claims stall on
+// a checkpoint's fsyncs, whoever wrote the WAL that caused it.
+type serverActivity struct{ wal, checkpoints int64 }
+
+func (e *testEnv) serverActivity(t *testing.T) serverActivity {
+	var a serverActivity
+	err := e.db.Pool.QueryRow(context.Background(), `
+		SELECT pg_current_wal_lsn() - '0/0', checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter`).
+		Scan(&a.wal, &a.checkpoints)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// loadAverage is the machine's 1-, 5- and 15-minute load, when the system tells.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.Join(strings.Fields(string(b))[:3], " ")
 }
 
 func envInt(t *testing.T, name string, def int) int {
