@@ -1,0 +1,342 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go/sasl/plain"
+
+	"github.com/inboxworker/inboxworker/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// result is what Main did: its exit code and its output.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// runMain runs Main in-process with env as the whole environment.
+func runMain(t *testing.T, env map[string]string, args ...string) result {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := Main(context.Background(), args, func(k string) string { return env[k] }, &stdout, &stderr)
+	return result{code, stdout.String(), stderr.String()}
+}
+
+// TestConfigErrors checks that every bad setting ends at once with exit code 1 and one line naming
+// it, before anything is connected to.
+func TestConfigErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"BadDurationEnv", map[string]string{"RETRY_MAX_ELAPSED": "abc"}, []string{"run"},
+			`worker: RETRY_MAX_ELAPSED: invalid duration "abc"`},
+		{"BadDurationFlag", nil, []string{"run", "--shutdown-timeout=5"},
+			`worker: --shutdown-timeout: invalid duration "5"`},
+		{"NegativeDuration", map[string]string{"INBOX_RETENTION_SMS": "-1h"}, []string{"run"},
+			`worker: INBOX_RETENTION_SMS: must be positive, got "-1h"`},
+		{"FlagBadEvenWhenEnvGood", map[string]string{"STARTUP_TIMEOUT": "1s"}, []string{"run", "--startup-timeout", "x"},
+			`worker: --startup-timeout: invalid duration "x"`},
+		{"UnknownFlag", nil, []string{"run", "--kafka-broker=x:1"},
+			`worker: unknown flag --kafka-broker (see worker run --help)`},
+		{"MissingValue", nil, []string{"run", "--kafka-brokers"},
+			`worker: --kafka-brokers: missing value (see worker run --help)`},
+		{"FlagOfAnotherCommand", nil, []string{"migrate", "--kafka-brokers=x:1"},
+			`worker: unknown flag --kafka-brokers (see worker migrate --help)`},
+		{"BadBool", map[string]string{"KAFKA_TLS": "maybe"}, []string{"run"},
+			`worker: KAFKA_TLS: invalid boolean "maybe" (use true or false)`},
+		{"BadBrokers", map[string]string{"KAFKA_BROKERS": "kafka"}, []string{"run"},
+			`worker: KAFKA_BROKERS: invalid address "kafka" (use host:port)`},
+		{"NoBrokers", map[string]string{"KAFKA_BROKERS": " , "}, []string{"run"},
+			`worker: KAFKA_BROKERS: must list at least one broker (host:port)`},
+		{"BadDatabaseURLMasked", map[string]string{"DATABASE_URL": "mysql://app:s3cret@db:3306/shop"}, []string{"migrate"},
+			`worker: DATABASE_URL: invalid URL "mysql://app:xxxxx@db:3306/shop" (want postgres://user:password@host:port/database)`},
+		{"DatabaseURLFlagMasked", nil, []string{"migrate", "--database-url", "postgres://app:s3cret@/shop"},
+			`worker: --database-url: invalid URL "postgres://app:xxxxx@/shop": no host`},
+		{"DatabaseURLRefusedByPgx", map[string]string{"DATABASE_URL": "postgres://app:s3cret@db:99999/shop"}, []string{"run"},
+			`worker: DATABASE_URL: invalid URL "postgres://app:xxxxx@db:99999/shop": invalid port`},
+		{"UnknownSASL", map[string]string{"KAFKA_SASL_MECHANISM": "GSSAPI"}, []string{"run"},
+			`worker: KAFKA_SASL_MECHANISM: unknown mechanism "GSSAPI" (use PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)`},
+		{"SASLWithoutPassword", map[string]string{"KAFKA_SASL_MECHANISM": "PLAIN", "KAFKA_USERNAME": "u"}, []string{"run"},
+			`worker: KAFKA_PASSWORD: required with KAFKA_SASL_MECHANISM PLAIN`},
+		{"CredentialsWithoutSASL", map[string]string{"KAFKA_USERNAME": "u", "KAFKA_PASSWORD": "p"}, []string{"run"},
+			`worker: KAFKA_SASL_MECHANISM: required when KAFKA_USERNAME or KAFKA_PASSWORD is set`},
+		{"SameTopics", map[string]string{"TOPIC_SMS": "payments.callbacks"}, []string{"run"},
+			`worker: TOPIC_SMS: must differ from TOPIC_PAYMENTS (both are "payments.callbacks")`},
+		{"BadTopic", nil, []string{"run", "--topic-sms", "sms events"},
+			`worker: --topic-sms: invalid topic name "sms events" (letters, digits, '.', '_' and '-', at most 249)`},
+		{"RetryIntervals", map[string]string{"RETRY_INITIAL_INTERVAL": "1m"}, []string{"run"},
+			`worker: RETRY_INITIAL_INTERVAL: 1m0s is longer than RETRY_MAX_INTERVAL 30s`},
+		{"BadProviderURL", map[string]string{"SMS_PROVIDER_URL": "ftp://u:tok@sms"}, []string{"run"},
+			`worker: SMS_PROVIDER_URL: invalid URL "ftp://u:xxxxx@sms" (want http:// or https://)`},
+		{"TokenWithoutURL", map[string]string{"SMS_PROVIDER_TOKEN": "tok"}, []string{"run"},
+			`worker: SMS_PROVIDER_TOKEN: set without SMS_PROVIDER_URL`},
+		{"BadLogLevel", map[string]string{"LOG_LEVEL": "loud"}, []string{"run"},
+			`worker: LOG_LEVEL: invalid level "loud" (use debug, info, warn or error)`},
+		{"BadLogFormat", map[string]string{"LOG_FORMAT": "xml"}, []string{"dev"},
+			`worker: LOG_FORMAT: invalid format "xml" (use json or text)`},
+		{"BadHTTPAddr", map[string]string{"HTTP_ADDR": "8080"}, []string{"run"},
+			`worker: HTTP_ADDR: invalid address "8080" (use host:port)`},
+		{"BadDevAddr", map[string]string{"DEV_KAFKA_ADDR": "127.0.0.1:99999"}, []string{"dev"},
+			`worker: DEV_KAFKA_ADDR: invalid port in "127.0.0.1:99999"`},
+		{"MigrateSubcommand", nil, []string{"migrate", "down"},
+			`worker: unknown migrate subcommand "down" (want: worker migrate, or worker migrate status)`},
+		{"ExtraArgument", nil, []string{"run", "now"},
+			`worker: unexpected argument "now" (see worker run --help)`},
+		{"NoCommand", nil, nil,
+			`worker: no command given (run, migrate, dev, demo); see worker --help`},
+		{"UnknownCommand", nil, []string{"serve"},
+			`worker: unknown command "serve" (run, migrate, dev, demo); see worker --help`},
+		{"FlagBeforeCommand", nil, []string{"--kafka-brokers=x:1", "run"},
+			`worker: flags go after the command: worker CMD --kafka-brokers=x:1; see worker --help`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := runMain(t, tt.env, tt.args...)
+			if r.code != 1 || r.stdout != "" || r.stderr != tt.want+"\n" {
+				t.Errorf("got exit %d, stdout %q, stderr %q; want exit 1 and stderr %q", r.code, r.stdout, r.stderr, tt.want)
+			}
+			if strings.Contains(r.stderr, "s3cret") || strings.Contains(r.stderr, "tok@") {
+				t.Errorf("a secret leaked: %q", r.stderr)
+			}
+		})
+	}
+}
+
+// contractDefaults are the defaults of the contract's configuration table.
+var contractDefaults = map[string]string{
+	"KAFKA_BROKERS":            "127.0.0.1:9092",
+	"KAFKA_GROUP_ID":           "inboxworker",
+	"KAFKA_SESSION_TIMEOUT":    "10s",
+	"KAFKA_SASL_MECHANISM":     "",
+	"KAFKA_USERNAME":           "",
+	"KAFKA_PASSWORD":           "",
+	"KAFKA_TLS":                "false",
+	"DATABASE_URL":             "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+	"TOPIC_PAYMENTS":           "payments.callbacks",
+	"TOPIC_SMS":                "notifications.sms",
+	"DLQ_SUFFIX":               ".dlq",
+	"SMS_PROVIDER_URL":         "",
+	"SMS_PROVIDER_TOKEN":       "",
+	"RETRY_INITIAL_INTERVAL":   "200ms",
+	"RETRY_MAX_INTERVAL":       "30s",
+	"RETRY_MAX_ELAPSED":        "5m",
+	"INBOX_RETENTION_PAYMENTS": "72h",
+	"INBOX_RETENTION_SMS":      "24h",
+	"HTTP_ADDR":                ":8080",
+	"SHUTDOWN_TIMEOUT":         "30s",
+	"STARTUP_TIMEOUT":          "15s",
+	"LOG_LEVEL":                "info",
+	"LOG_FORMAT":               "json",
+	"DEV_KAFKA_ADDR":           "127.0.0.1:9092",
+}
+
+func TestDefaults(t *testing.T) {
+	t.Parallel()
+	for _, s := range settings {
+		if s.envless {
+			continue
+		}
+		want, ok := contractDefaults[s.env]
+		if !ok {
+			t.Errorf("%s is not in the contract", s.env)
+		}
+		if s.def != want {
+			t.Errorf("%s defaults to %q, the contract says %q", s.env, s.def, want)
+		}
+	}
+	cfg := parseConfig(t, nil, "run")
+	want := Config{
+		KafkaBrokers: []string{"127.0.0.1:9092"}, KafkaGroupID: "inboxworker", KafkaSessionTimeout: 10 * time.Second,
+		DatabaseURL:   "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+		TopicPayments: "payments.callbacks", TopicSMS: "notifications.sms", DLQSuffix: ".dlq",
+		RetryInitialInterval: 200 * time.Millisecond, RetryMaxInterval: 30 * time.Second, RetryMaxElapsed: 5 * time.Minute,
+		InboxRetentionPayments: 72 * time.Hour, InboxRetentionSMS: 24 * time.Hour,
+		HTTPAddr: ":8080", ShutdownTimeout: 30 * time.Second, StartupTimeout: 15 * time.Second,
+		LogLevel: slog.LevelInfo, LogFormat: "json", DevKafkaAddr: "127.0.0.1:9092",
+	}
+	cfg.explicit, cfg.used = nil, nil
+	if got, want := fmt.Sprintf("%+v", *cfg), fmt.Sprintf("%+v", want); got != want {
+		t.Errorf("defaults:\n got %s\nwant %s", got, want)
+	}
+}
+
+// parseConfig resolves the configuration of command from env and args as Main would.
+func parseConfig(t *testing.T, env map[string]string, command string, args ...string) *Config {
+	t.Helper()
+	cf := newConfigFlags(command, findCommand(command).selected())
+	if _, err := cf.parse(args); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := cf.config(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func TestFlagWinsOverEnv(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"RETRY_MAX_ELAPSED": "1m", "KAFKA_BROKERS": "a:1, b:2", "KAFKA_TLS": "true",
+		"SMS_PROVIDER_URL": "http://sms.local/send"}
+	tests := []struct {
+		name string
+		args []string
+		want func(*Config) bool
+	}{
+		{"EnvAlone", nil, func(c *Config) bool {
+			return c.RetryMaxElapsed == time.Minute && strings.Join(c.KafkaBrokers, ",") == "a:1,b:2" && c.KafkaTLS
+		}},
+		{"FlagWins", []string{"--retry-max-elapsed=2m", "--kafka-brokers", "c:3"}, func(c *Config) bool {
+			return c.RetryMaxElapsed == 2*time.Minute && strings.Join(c.KafkaBrokers, ",") == "c:3"
+		}},
+		{"BoolFlagOff", []string{"--kafka-tls=false"}, func(c *Config) bool { return !c.KafkaTLS }},
+		{"EmptyFlagUnsets", []string{"--sms-provider-url="}, func(c *Config) bool { return c.SMSProviderURL == "" }},
+		{"NoMigrate", []string{"--no-migrate"}, func(c *Config) bool { return c.NoMigrate }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if cfg := parseConfig(t, env, "run", tt.args...); !tt.want(cfg) {
+				t.Errorf("unexpected configuration %+v", cfg)
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	t.Run("Overview", func(t *testing.T) {
+		t.Parallel()
+		r := runMain(t, nil, "--help")
+		if r.code != 0 || r.stderr != "" {
+			t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+		}
+		for _, c := range commands {
+			if !strings.Contains(r.stdout, "  "+c.name+" ") {
+				t.Errorf("--help does not list command %s", c.name)
+			}
+		}
+		checkFlagsListed(t, r.stdout, settings)
+	})
+	for _, c := range commands {
+		t.Run(strings.ToUpper(c.name[:1])+c.name[1:], func(t *testing.T) {
+			t.Parallel()
+			r := runMain(t, nil, c.name, "--help")
+			if r.code != 0 || r.stderr != "" {
+				t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+			}
+			if !strings.HasPrefix(r.stdout, "Usage: worker "+c.name) {
+				t.Errorf("no usage line:\n%s", r.stdout)
+			}
+			checkFlagsListed(t, r.stdout, c.selected())
+			if same := runMain(t, nil, "help", c.name); same.stdout != r.stdout {
+				t.Errorf("worker help %s differs from worker %s --help", c.name, c.name)
+			}
+		})
+	}
+}
+
+func checkFlagsListed(t *testing.T, help string, ss []*setting) {
+	t.Helper()
+	for _, s := range ss {
+		line := ""
+		for l := range strings.Lines(help) {
+			if strings.HasPrefix(l, "  --"+s.flag+" ") {
+				line = l
+			}
+		}
+		switch {
+		case line == "":
+			t.Errorf("--%s is not described", s.flag)
+		case !s.envless && !strings.Contains(line, "env "+s.env):
+			t.Errorf("--%s does not name %s: %q", s.flag, s.env, line)
+		case s.def != "" && !strings.Contains(line, fmt.Sprintf("default %q", s.def)):
+			t.Errorf("--%s does not give its default %q: %q", s.flag, s.def, line)
+		}
+	}
+}
+
+func TestMaskURL(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ in, want string }{
+		{"postgres://app:s3cret@db:5432/shop?sslmode=require", "postgres://app:xxxxx@db:5432/shop?sslmode=require"},
+		{"postgres://app@db/shop", "postgres://app@db/shop"},
+		{"postgres://db/shop?user=app&password=s3cret", "postgres://db/shop?password=xxxxx&user=app"},
+		{"postgres://app:s3cret@db:bad/shop", "postgres://app:xxxxx@db:bad/shop"},
+		{"postgres://app:s%3cret@db/shop", "postgres://app:xxxxx@db/shop"},
+		{"host=db user=app password=s3cret dbname=shop", "host=db user=app password=xxxxx dbname=shop"},
+		{"host=db password='s3 cret' dbname=shop", "host=db password=xxxxx dbname=shop"},
+		{"https://sms.example/send", "https://sms.example/send"},
+		{"", ""},
+	}
+	for _, tt := range tests {
+		if got := maskURL(tt.in); got != tt.want {
+			t.Errorf("maskURL(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestStartupLogMasksSecrets(t *testing.T) {
+	t.Parallel()
+	cfg := parseConfig(t, map[string]string{
+		"DATABASE_URL":         "postgres://app:db-s3cret@db/shop",
+		"KAFKA_SASL_MECHANISM": "scram-sha-512", "KAFKA_USERNAME": "app", "KAFKA_PASSWORD": "kafka-s3cret",
+		"SMS_PROVIDER_URL": "https://sms.example/send", "SMS_PROVIDER_TOKEN": "token-s3cret",
+	}, "run")
+	cfg.used = findCommand("run").selected()
+	var out bytes.Buffer
+	logStart(context.Background(), slog.New(slog.NewJSONHandler(&out, nil)), "run", cfg)
+	if strings.Contains(out.String(), "s3cret") {
+		t.Errorf("a secret leaked into the startup line: %s", out.String())
+	}
+	for _, want := range []string{`"DATABASE_URL":"postgres://app:xxxxx@db/shop"`, `"KAFKA_PASSWORD":"xxxxx"`,
+		`"SMS_PROVIDER_TOKEN":"xxxxx"`, `"KAFKA_SASL_MECHANISM":"SCRAM-SHA-512"`} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the startup line lacks %s: %s", want, out.String())
+		}
+	}
+}
+
+func TestKafkaAuth(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		mechanism string
+		tls       bool
+		wantName  string
+	}{
+		{"", false, ""},
+		{"PLAIN", true, "PLAIN"},
+		{"SCRAM-SHA-256", false, "SCRAM-SHA-256"},
+		{"SCRAM-SHA-512", true, "SCRAM-SHA-512"},
+	}
+	for _, tt := range tests {
+		cfg := &Config{KafkaSASLMechanism: tt.mechanism, KafkaUsername: "u", KafkaPassword: "p", KafkaTLS: tt.tls}
+		mechanism, tlsConfig, err := kafkaAuth(cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.mechanism, err)
+		}
+		name := ""
+		if mechanism != nil {
+			name = mechanism.Name()
+		}
+		if name != tt.wantName || (tlsConfig != nil) != tt.tls {
+			t.Errorf("%q: got mechanism %q and TLS %v", tt.mechanism, name, tlsConfig != nil)
+		}
+		if p, ok := mechanism.(plain.Mechanism); ok && (p.Username != "u" || p.Password != "p") {
+			t.Errorf("PLAIN credentials not passed: %+v", p)
+		}
+	}
+}
