@@ -1,0 +1,130 @@
+package main_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxworker/inboxworker/internal/pgtest"
+)
+
+// TestMigrate runs `worker migrate` and `worker migrate status` on an empty schema.
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	env := []string{"DATABASE_URL=" + emptySchema(t)}
+
+	migrate := func(args ...string) string {
+		t.Helper()
+		p := startWorker(t, env, append([]string{"migrate"}, args...)...)
+		if code := p.wait(); code != 0 {
+			t.Fatalf("worker migrate %s: exit code %d", strings.Join(args, " "), code)
+		}
+		stdout, _ := p.output()
+		return stdout
+	}
+	states := func(status string) map[string]int {
+		out := map[string]int{}
+		for line := range strings.Lines(status) {
+			if f := strings.Fields(line); len(f) == 3 && f[0] != "VERSION" {
+				out[f[2]]++
+			}
+		}
+		return out
+	}
+
+	before := states(migrate("status"))
+	if before["pending"] == 0 || before["applied"] != 0 {
+		t.Fatalf("status of an empty schema: %v, want every migration pending", before)
+	}
+	if got, want := migrate(), fmt.Sprintf("applied %d migration(s)\n", before["pending"]); got != want {
+		t.Errorf("worker migrate printed %q, want %q", got, want)
+	}
+	if after := states(migrate("status")); after["applied"] != before["pending"] || after["pending"] != 0 {
+		t.Errorf("status after migrate: %v, want all %d applied", after, before["pending"])
+	}
+	if got := migrate(); got != "no pending migrations\n" {
+		t.Errorf("worker migrate again printed %q", got)
+	}
+}
+
+// emptySchema creates a schema with nothing in it, dropped when the test ends, and returns a URL
+// that works in it.
+func emptySchema(t *testing.T) string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pgtest.ServerURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	suffix := make([]byte, 6)
+	_, _ = rand.Read(suffix)
+	schema := "migrate_" + hex.EncodeToString(suffix)
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(ctx, pgtest.ServerURL())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Error(err)
+		}
+	})
+	u, err := url.Parse(pgtest.ServerURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// TestDev runs `worker dev`: its embedded broker takes messages from any Kafka client, which the
+// worker applies; SIGTERM stops both.
+func TestDev(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Schema(t)
+	p := startWorker(t, []string{
+		"DEV_KAFKA_ADDR=127.0.0.1:0",
+		"HTTP_ADDR=127.0.0.1:0",
+		"DATABASE_URL=" + db.URL,
+	}, "dev")
+	broker, _ := p.waitLog("embedded Kafka broker listening")["addr"].(string)
+	base := p.httpAddr()
+	eventually(t, func() string {
+		if code, body := get(t, base+"/readyz"); code != 200 {
+			return fmt.Sprintf("/readyz: %d %s", code, body)
+		}
+		return ""
+	})
+	if stdout, _ := p.output(); !strings.Contains(stdout, "kcat -P -b "+broker+" -t "+topicPayments) {
+		t.Errorf("worker dev does not say how to produce to %s:\n%s", broker, stdout)
+	}
+
+	produce(t, broker, topicSMS, sms("sms-dev", "+8613800138000"))
+	eventually(t, func() string {
+		var n int
+		err := db.Pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM notifications WHERE idempotency_key = 'sms-dev'`).Scan(&n)
+		if err != nil || n != 1 {
+			return fmt.Sprintf("the SMS event was not applied (%d notifications, %v)", n, err)
+		}
+		return ""
+	})
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(); code != 0 {
+		t.Errorf("exit code %d after SIGTERM, want 0", code)
+	}
+}

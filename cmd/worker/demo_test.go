@@ -1,0 +1,104 @@
+package main_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxworker/inboxworker/internal/pgtest"
+)
+
+// TestDemo runs `worker demo` twice, as a newcomer would: each run finishes by itself with exit code
+// 0, and its summary matches the demo schema it leaves behind and the stream it generated.
+func TestDemo(t *testing.T) {
+	t.Parallel()
+	var summaries []string
+	for run := 1; run <= 2; run++ {
+		p := startWorker(t, []string{"DATABASE_URL=" + pgtest.ServerURL()}, "demo")
+		if code := p.wait(); code != 0 {
+			t.Fatalf("run %d: exit code %d, want 0", run, code)
+		}
+		stdout, _ := p.output()
+		t.Logf("run %d:\n%s", run, stdout)
+		_, summary, ok := strings.Cut(stdout, "\nSummary")
+		if !ok {
+			t.Fatalf("run %d printed no summary", run)
+		}
+		summaries = append(summaries, summary)
+	}
+	if summaries[0] != summaries[1] {
+		t.Errorf("the second run's summary differs from the first:\n%s\n%s", summaries[0], summaries[1])
+	}
+
+	summary := summaries[1]
+	table := map[string][]string{}
+	for line := range strings.Lines(summary) {
+		if f := strings.Fields(line); len(f) == 7 {
+			table[f[0]] = f[1:]
+		}
+	}
+	// received, applied, duplicates skipped, anomalies, dead-lettered, SMS sent: what the generated
+	// stream must come to.
+	want := map[string][]string{
+		"payments.callbacks": {"13", "7", "3", "3", "3", "-"},
+		"notifications.sms":  {"7", "3", "3", "-", "1", "3"},
+	}
+	for topic, w := range want {
+		if got := strings.Join(table[topic], " "); got != strings.Join(w, " ") {
+			t.Errorf("%s: summary row %q, want %q", topic, got, strings.Join(w, " "))
+		}
+	}
+
+	// The same numbers, read from the schema the demo left behind.
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pgtest.ServerURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var payments, anomalies, sent, paymentKeys, smsKeys int
+	err = conn.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM inboxworker_demo.payments),
+		(SELECT count(*) FROM inboxworker_demo.payment_anomalies),
+		(SELECT count(*) FROM inboxworker_demo.notifications WHERE status = 'SENT'),
+		(SELECT count(*) FROM inboxworker_demo.inbox WHERE handler = 'payments'),
+		(SELECT count(*) FROM inboxworker_demo.inbox WHERE handler = 'sms')`).
+		Scan(&payments, &anomalies, &sent, &paymentKeys, &smsKeys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each applied callback left one payments row or one anomaly; the provider's resend of a paid
+	// transaction left an inbox row and nothing else.
+	db := map[string][]string{
+		"payments.callbacks": {fmt.Sprint(payments + anomalies), fmt.Sprint(anomalies), fmt.Sprint(paymentKeys - 1)},
+		"notifications.sms":  {fmt.Sprint(sent), "-", fmt.Sprint(smsKeys)},
+	}
+	for topic, d := range db {
+		row := table[topic]
+		if len(row) != 6 || row[1] != d[0] || row[3] != d[1] || row[1] != d[2] {
+			t.Errorf("%s: summary row %v does not match the database (applied %s, anomalies %s, inbox keys applied %s)",
+				topic, row, d[0], d[1], d[2])
+		}
+	}
+	if table["notifications.sms"][5] != fmt.Sprint(sent) {
+		t.Errorf("SMS sent %s, the database has %d", table["notifications.sms"][5], sent)
+	}
+
+	rows, err := conn.Query(ctx, `SELECT order_no || ' ' || status FROM inboxworker_demo.orders ORDER BY order_no`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	orders, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "Orders: " + strings.Join(orders, ", ") + "\n"; !strings.Contains(summary, want) {
+		t.Errorf("the summary does not list the orders as the database has them: %q", want)
+	}
+	if !strings.Contains(summary, "agree with these counts") {
+		t.Error("the consumer's metrics do not agree with the summary")
+	}
+}
