@@ -3,7 +3,9 @@ package cli
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -17,7 +19,8 @@ import (
 )
 
 // waitFor calls try until it succeeds or timeout passes, with a growing pause between attempts, and
-// returns the last error. Each attempt gets the time that is left.
+// returns the last error. Each attempt gets the time that is left. An error wrapped in giveUp ends
+// the wait at once.
 func waitFor(ctx context.Context, timeout time.Duration, logger *slog.Logger, what string,
 	try func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -27,6 +30,9 @@ func waitFor(ctx context.Context, timeout time.Duration, logger *slog.Logger, wh
 		err := try(ctx)
 		if err == nil {
 			return nil
+		}
+		if g, ok := errors.AsType[giveUp](err); ok {
+			return g
 		}
 		if attempt == 1 {
 			logger.InfoContext(ctx, "waiting for "+what, slog.String("err", err.Error()))
@@ -39,6 +45,9 @@ func waitFor(ctx context.Context, timeout time.Duration, logger *slog.Logger, wh
 		pause = min(2*pause, 2*time.Second)
 	}
 }
+
+// giveUp is an error that waiting will not cure.
+type giveUp struct{ error }
 
 // openDatabase connects to DATABASE_URL (search_path set to schema when not empty) and waits up to
 // STARTUP_TIMEOUT for Postgres to answer.
@@ -136,14 +145,27 @@ func checkKafka(ctx context.Context, cfg *Config, logger *slog.Logger) error {
 	err = waitFor(ctx, cfg.StartupTimeout, logger, "Kafka", func(ctx context.Context) error {
 		var err error
 		meta, err = admin.client.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
+		if errors.Is(err, kafka.SASLAuthenticationFailed) || errors.Is(err, kafka.UnsupportedSASLMechanism) {
+			return giveUp{err}
+		}
 		return err
 	})
+	if g, ok := errors.AsType[giveUp](err); ok {
+		return &settingError{name: "KAFKA_USERNAME", err: fmt.Errorf("Kafka at %s refused the credentials (%s %s): %s",
+			strings.Join(cfg.KafkaBrokers, ","), cfg.KafkaSASLMechanism, cfg.KafkaUsername,
+			secretScrubber(cfg.KafkaPassword)(g.Error()))}
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return &settingError{name: "KAFKA_BROKERS", err: fmt.Errorf("Kafka at %s unreachable after %s: %s",
-			strings.Join(cfg.KafkaBrokers, ","), cfg.StartupTimeout, secretScrubber(cfg.KafkaPassword)(err.Error()))}
+		var hint string
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			// A broker that does not like a client's TLS or SASL often just hangs up.
+			hint = " (the brokers hung up: check KAFKA_TLS, KAFKA_SASL_MECHANISM, KAFKA_USERNAME and KAFKA_PASSWORD)"
+		}
+		return &settingError{name: "KAFKA_BROKERS", err: fmt.Errorf("Kafka at %s unreachable after %s: %s%s",
+			strings.Join(cfg.KafkaBrokers, ","), cfg.StartupTimeout, secretScrubber(cfg.KafkaPassword)(err.Error()), hint)}
 	}
 	present := map[string]bool{}
 	for _, t := range meta.Topics {
