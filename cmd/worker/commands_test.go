@@ -109,6 +109,10 @@ func TestDev(t *testing.T) {
 		}
 		return ""
 	})
+	// The embedded broker keeps messages no longer than the inbox remembers keys.
+	if w := p.findLog(retentionWarning, "topic", topicSMS); w != nil {
+		t.Errorf("worker dev warns about its own topics' retention: %v", w)
+	}
 	if stdout, _ := p.output(); !strings.Contains(stdout, "kcat -P -b "+broker+" -t "+topicPayments) {
 		t.Errorf("worker dev does not say how to produce to %s:\n%s", broker, stdout)
 	}

@@ -26,6 +26,8 @@ import (
 )
 
 const (
+	retentionWarning = "inbox retention is shorter than the topic's retention"
+
 	topicPayments = "payments.callbacks"
 	topicSMS      = "notifications.sms"
 	partitions    = 2
@@ -150,6 +152,12 @@ func testEndToEnd(t *testing.T, env *environment) {
 		}
 		return ""
 	})
+	// Both brokers keep messages 7 days by default, longer than the inbox keys' 72h and 24h.
+	for _, setting := range []string{"INBOX_RETENTION_PAYMENTS", "INBOX_RETENTION_SMS"} {
+		if w := p.findLog(retentionWarning, "setting", setting); w == nil || w["topic_retention"] != "168h0m0s" {
+			t.Errorf("no warning that %s is shorter than the topic's 7 days: %v", setting, w)
+		}
+	}
 
 	// The worker has migrated the database by now; the order service's orders come first.
 	_, err := env.pool.Exec(ctx, `INSERT INTO orders (order_no, user_id, amount, currency, status) VALUES

@@ -148,6 +148,19 @@ func (p *process) waitLog(msg string) map[string]any {
 	}
 }
 
+// findLog returns the first log entry logged so far whose msg is msg and whose attribute key is
+// value, or nil.
+func (p *process) findLog(msg, key, value string) map[string]any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.logs {
+		if l["msg"] == msg && l[key] == value {
+			return l
+		}
+	}
+	return nil
+}
+
 // httpAddr waits until the worker serves HTTP and returns its base URL.
 func (p *process) httpAddr() string {
 	p.t.Helper()

@@ -186,6 +186,8 @@ func checkKafka(ctx context.Context, cfg *Config, logger *slog.Logger) error {
 	return nil
 }
 
+const retentionWarning = "inbox retention is shorter than the topic's retention"
+
 // checkRetention warns when an inbox forgets keys sooner than Kafka forgets messages: a message
 // redelivered after its key was purged (a consumer group reset to the earliest offset, say) would
 // be applied twice. A failure to read the topic configuration is logged and otherwise ignored.
@@ -235,10 +237,11 @@ func checkRetention(ctx context.Context, cfg *Config, logger *slog.Logger, admin
 			if ms < 0 {
 				kept = "forever"
 			}
-			logger.WarnContext(ctx, "inbox retention is shorter than the topic's: a message Kafka redelivers after "+
-				"its key is purged would be applied again; raise "+inbox.setting+" to at least the topic's retention.ms",
+			logger.WarnContext(ctx, retentionWarning,
 				slog.String("topic", r.ResourceName), slog.String("topic_retention", kept),
-				slog.String(strings.ToLower(inbox.setting), inbox.d.String()))
+				slog.String("setting", inbox.setting), slog.String("inbox_retention", inbox.d.String()),
+				slog.String("why", "a message Kafka redelivers after its key is purged would be applied again; "+
+					"raise "+inbox.setting+" to at least the topic's retention.ms, or lower retention.ms"))
 		}
 	}
 }
