@@ -52,6 +52,8 @@ type command struct {
 	details string
 	// settings are the env names (or, for flag-only settings, flag names) the command reads.
 	settings []string
+	// defaults describes the command's own defaults, where they differ from the settings', by env name.
+	defaults map[string]string
 	// maxArgs is how many positional arguments it takes.
 	maxArgs int
 	run     func(ctx context.Context, a *app, cfg *Config, args []string) error
@@ -116,6 +118,7 @@ var commands = []*command{
 			"from the database and the dead-letter topics. Its orders and tables live in the schema\n" +
 			demoSchema + " of DATABASE_URL, recreated on every run: no other data is touched.\n" +
 			"The broker listens on DEV_KAFKA_ADDR when it is set, else on any free local port.",
+		defaults: map[string]string{"DEV_KAFKA_ADDR": "any free local port"},
 		settings: join([]string{"DEV_KAFKA_ADDR", "KAFKA_GROUP_ID"}, databaseSettings,
 			[]string{"TOPIC_PAYMENTS", "TOPIC_SMS", "DLQ_SUFFIX", "SMS_PROVIDER_URL", "SMS_PROVIDER_TOKEN"},
 			logSettings),
@@ -212,7 +215,7 @@ command, wins over it. "worker COMMAND --help" lists the flags a command reads.
 
 Flags:
 `)
-	printFlags(w, settings)
+	printFlags(w, settings, nil)
 }
 
 func (c *command) usage(w io.Writer) {
@@ -221,10 +224,10 @@ func (c *command) usage(w io.Writer) {
 		fmt.Fprintf(w, " %s", c.args)
 	}
 	fmt.Fprintf(w, "\n\n%s\n\nFlags (each wins over its environment variable):\n", c.details)
-	printFlags(w, c.selected())
+	printFlags(w, c.selected(), c.defaults)
 }
 
-func printFlags(w io.Writer, ss []*setting) {
+func printFlags(w io.Writer, ss []*setting, defaults map[string]string) {
 	for _, s := range ss {
 		head := "  --" + s.flag
 		if !s.boolean() {
@@ -234,7 +237,9 @@ func printFlags(w io.Writer, ss []*setting) {
 		if !s.envless {
 			notes = append(notes, "env "+s.env)
 		}
-		if s.def != "" {
+		if d, ok := defaults[s.env]; ok {
+			notes = append(notes, "default "+d)
+		} else if s.def != "" {
 			notes = append(notes, fmt.Sprintf("default %q", s.def))
 		} else {
 			notes = append(notes, "default unset")

@@ -174,7 +174,7 @@ var settings = []*setting{
 			return fmt.Errorf("invalid format %q (use json or text)", v)
 		}},
 	{env: "DEV_KAFKA_ADDR", flag: "dev-kafka-addr", def: "127.0.0.1:9092", meta: "ADDR",
-		usage: "where the embedded broker of worker dev listens",
+		usage: "where the embedded broker of worker dev and worker demo listens",
 		set:   func(c *Config, v string) error { return parseAddr(&c.DevKafkaAddr, v) }},
 	{flag: "no-migrate", def: "false", envless: true,
 		usage: "do not apply pending migrations at start",

@@ -229,7 +229,7 @@ func TestHelp(t *testing.T) {
 				t.Errorf("--help does not list command %s", c.name)
 			}
 		}
-		checkFlagsListed(t, r.stdout, settings)
+		checkFlagsListed(t, r.stdout, settings, nil)
 	})
 	for _, c := range commands {
 		t.Run(strings.ToUpper(c.name[:1])+c.name[1:], func(t *testing.T) {
@@ -241,7 +241,7 @@ func TestHelp(t *testing.T) {
 			if !strings.HasPrefix(r.stdout, "Usage: worker "+c.name) {
 				t.Errorf("no usage line:\n%s", r.stdout)
 			}
-			checkFlagsListed(t, r.stdout, c.selected())
+			checkFlagsListed(t, r.stdout, c.selected(), c.defaults)
 			if same := runMain(t, nil, "help", c.name); same.stdout != r.stdout {
 				t.Errorf("worker help %s differs from worker %s --help", c.name, c.name)
 			}
@@ -249,7 +249,7 @@ func TestHelp(t *testing.T) {
 	}
 }
 
-func checkFlagsListed(t *testing.T, help string, ss []*setting) {
+func checkFlagsListed(t *testing.T, help string, ss []*setting, defaults map[string]string) {
 	t.Helper()
 	for _, s := range ss {
 		line := ""
@@ -263,7 +263,9 @@ func checkFlagsListed(t *testing.T, help string, ss []*setting) {
 			t.Errorf("--%s is not described", s.flag)
 		case !s.envless && !strings.Contains(line, "env "+s.env):
 			t.Errorf("--%s does not name %s: %q", s.flag, s.env, line)
-		case s.def != "" && !strings.Contains(line, fmt.Sprintf("default %q", s.def)):
+		case defaults[s.env] != "" && !strings.Contains(line, "default "+defaults[s.env]):
+			t.Errorf("--%s does not give the command's default %q: %q", s.flag, defaults[s.env], line)
+		case defaults[s.env] == "" && s.def != "" && !strings.Contains(line, fmt.Sprintf("default %q", s.def)):
 			t.Errorf("--%s does not give its default %q: %q", s.flag, s.def, line)
 		}
 	}
