@@ -327,6 +327,8 @@ func (c *Config) check(name func(env string) string) error {
 			c.RetryInitialInterval, c.RetryMaxInterval)
 	case c.SMSProviderToken != "" && c.SMSProviderURL == "":
 		return fail("SMS_PROVIDER_TOKEN", "set without SMS_PROVIDER_URL")
+	case strings.ContainsFunc(c.SMSProviderToken, func(r rune) bool { return r < 0x21 || r > 0x7e }):
+		return fail("SMS_PROVIDER_TOKEN", "must be printable ASCII without spaces")
 	}
 	return nil
 }

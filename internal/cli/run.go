@@ -172,7 +172,10 @@ func smsSender(cfg *Config, logger *slog.Logger) (notify.Sender, error) {
 		return notify.NewLogSender(logger), nil
 	}
 	sender, err := notify.NewHTTPSender(notify.HTTPConfig{URL: cfg.SMSProviderURL, Token: cfg.SMSProviderToken})
-	if err != nil {
+	switch {
+	case errors.Is(err, notify.ErrInvalidToken):
+		return nil, &settingError{name: "SMS_PROVIDER_TOKEN", err: err}
+	case err != nil:
 		return nil, &settingError{name: "SMS_PROVIDER_URL", err: err}
 	}
 	return sender, nil

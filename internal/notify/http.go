@@ -56,6 +56,10 @@ type HTTPSender struct {
 	client  *http.Client
 }
 
+// ErrInvalidToken is NewHTTPSender's error for a token that cannot go in an HTTP header. It does
+// not quote the token.
+var ErrInvalidToken = errors.New("notify: HTTPConfig.Token must be printable ASCII without spaces")
+
 // NewHTTPSender returns an HTTPSender.
 func NewHTTPSender(config HTTPConfig) (*HTTPSender, error) {
 	u, err := url.Parse(config.URL)
@@ -67,7 +71,7 @@ func NewHTTPSender(config HTTPConfig) (*HTTPSender, error) {
 	case config.Timeout < 0:
 		return nil, fmt.Errorf("notify: HTTPConfig.Timeout must be positive, got %s", config.Timeout)
 	case strings.ContainsFunc(config.Token, func(r rune) bool { return r < 0x21 || r > 0x7e }):
-		return nil, errors.New("notify: HTTPConfig.Token must be printable ASCII without spaces")
+		return nil, ErrInvalidToken
 	}
 	return &HTTPSender{
 		url:     config.URL,
