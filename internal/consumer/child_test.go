@@ -25,6 +25,7 @@ const (
 	childBroker   = "CONSUMER_TEST_BROKER"
 	childDatabase = "CONSUMER_TEST_DATABASE_URL"
 	childKey      = "CONSUMER_TEST_KEY"
+	childBatch    = "CONSUMER_TEST_PER_BATCH" // set: Transactions PerBatch
 )
 
 // The child's modes: where it kills itself.
@@ -64,7 +65,11 @@ func runChild() {
 			}
 		}
 	}
-	c, err := consumer.New(testConfig(os.Getenv(childBroker), pool, store, h, log))
+	mode := consumer.PerMessage
+	if os.Getenv(childBatch) != "" {
+		mode = consumer.PerBatch
+	}
+	c, err := consumer.New(testConfig(os.Getenv(childBroker), pool, store, h, mode, log))
 	if err == nil {
 		err = c.Run(ctx)
 	}
@@ -92,7 +97,8 @@ type child struct {
 	err  error         // from Wait
 }
 
-// startChild starts a worker process in mode, consuming from e's broker into e's schema.
+// startChild starts a worker process in mode, consuming from e's broker into e's schema, in e's
+// mode of transactions.
 func (e *env) startChild(mode, key string) *child {
 	e.t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -102,6 +108,9 @@ func (e *env) startChild(mode, key string) *child {
 		childDatabase+"="+e.db.URL,
 		childKey+"="+key,
 	)
+	if e.mode == consumer.PerBatch {
+		cmd.Env = append(cmd.Env, childBatch+"=1")
+	}
 	w := &testWriter{t: e.t}
 	cmd.Stdout, cmd.Stderr = w, w
 	if err := cmd.Start(); err != nil {

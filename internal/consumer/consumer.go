@@ -7,7 +7,10 @@
 // Each assigned partition has one goroutine, bound to the group generation that assigned it: it
 // fetches a batch of messages, records the batch's offset range in inbox_attempts (so a message that
 // kills the process every time is recognised and dead-lettered as a crash loop), applies the
-// messages one by one in offset order, and commits the offset after the batch. A rebalance cancels
+// messages in offset order, and commits the offset after the batch. A batch is applied in one
+// transaction when the topic's handler is a BatchHandler (see Config.Transactions), or else one
+// message per transaction; a message that fails in a batch is taken out of it and retried or
+// dead-lettered on its own, with the per-message rules. A rebalance cancels
 // the partition's in-flight work, whose transaction rolls back, and commits nothing into the next
 // generation.
 //
@@ -39,6 +42,58 @@ import (
 // with package fault; an unclassified error is permanent.
 type Handler interface {
 	Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error
+}
+
+// BatchHandler is a Handler that can also apply several messages of one partition in one
+// transaction (see Config.Transactions), with set-based statements where it can.
+//
+// HandleBatch applies ds, in offset order, through tx, and returns one result per delivery, with
+// Handle's meaning: nil (applied), inbox.ErrAlreadyApplied (a duplicate) or a classified error. Each
+// result must be what Handle would have returned, the deliveries applied one after another. It may
+// stop at its first error and leave the later results nil: any error rolls back the whole batch. The
+// consumer then applies the deliveries before the failed one again, as a batch, takes the failed one
+// through Handle with the per-message retries and dead-lettering, and goes on with the rest.
+//
+// So HandleBatch may run more than once for a message whose effect commits once: it must do
+// database work only, all of it through tx, and call no other service. A handler whose effect is a
+// call to another service (an SMS gateway) implements Handler only.
+type BatchHandler interface {
+	Handler
+	HandleBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery) []error
+}
+
+// Transactions says how many messages share a transaction.
+type Transactions int
+
+const (
+	// PerBatch applies each batch of a partition's messages (see Config.BatchSize) in one
+	// transaction, through a route's BatchHandler; a route whose handler is not a BatchHandler gets
+	// PerMessage. A message that fails is taken out of its batch and goes through the per-message
+	// path, so the guarantees are those of PerMessage. The default.
+	PerBatch Transactions = iota
+	// PerMessage applies every message in a transaction of its own.
+	PerMessage
+)
+
+func (t Transactions) String() string {
+	switch t {
+	case PerBatch:
+		return "per-batch"
+	case PerMessage:
+		return "per-message"
+	}
+	return fmt.Sprintf("Transactions(%d)", int(t))
+}
+
+// Observer is told of a consumer's progress, for measurement: the bench command times each message
+// from its fetch to the offset commit that covers it. Its methods are called on the partitions'
+// goroutines, concurrently, and must return quickly.
+type Observer interface {
+	// Fetched reports that the message at offset was fetched.
+	Fetched(topic string, partition int, offset int64)
+	// Committed reports that offset, the next to consume, was committed: every message before it is
+	// finished.
+	Committed(topic string, partition int, offset int64)
 }
 
 // Route binds a topic to its handler.
@@ -80,14 +135,17 @@ type Config struct {
 	DLQSuffix string
 	// Retry configures retries of retryable errors.
 	Retry Retry
-	// AttemptTimeout bounds one attempt at a message: its transaction and its handler. An attempt
-	// that runs out of time is retried. Defaults to 30s.
+	// AttemptTimeout bounds one attempt at a message, or at a batch in one transaction: its
+	// transaction and its handler. An attempt that runs out of time is retried. Defaults to 30s.
 	AttemptTimeout time.Duration
 	// BatchSize is the most messages of one partition fetched, recorded and committed together.
 	// Defaults to 256.
 	BatchSize int
 	// BatchWait is how long a batch waits for more messages after its first. Defaults to 5ms.
 	BatchWait time.Duration
+	// Transactions says whether a batch is applied in one transaction (PerBatch, the default, for
+	// routes with a BatchHandler) or every message in its own (PerMessage).
+	Transactions Transactions
 	// ShutdownTimeout is how long Run lets in-flight messages finish once its context is cancelled;
 	// then their work is cancelled and rolled back. Defaults to 30s.
 	ShutdownTimeout time.Duration
@@ -101,6 +159,9 @@ type Config struct {
 	Metrics *Metrics
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Observer, when set, is told of every fetch and offset commit. It is for measurement; nil in
+	// production.
+	Observer Observer
 }
 
 // ErrStopped is the cause of the cancellation of work still in flight when Config.ShutdownTimeout
@@ -223,6 +284,9 @@ func (config *Config) validate() error {
 	if config.Retry.MaxInterval < config.Retry.InitialInterval {
 		return fmt.Errorf("Config.Retry.MaxInterval (%s) must not be less than Retry.InitialInterval (%s)",
 			config.Retry.MaxInterval, config.Retry.InitialInterval)
+	}
+	if config.Transactions != PerBatch && config.Transactions != PerMessage {
+		return fmt.Errorf("Config.Transactions must be PerBatch or PerMessage, got %v", config.Transactions)
 	}
 	if config.BatchSize < 1 {
 		return fmt.Errorf("Config.BatchSize must be positive, got %d", config.BatchSize)

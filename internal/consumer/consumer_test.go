@@ -21,23 +21,25 @@ import (
 
 func TestRedelivery(t *testing.T) {
 	t.Parallel()
-	e := setup(t, 1)
-	config := e.config(&recorder{})
-	c, _ := e.start(config)
+	forEachMode(t, func(t *testing.T, mode consumer.Transactions) {
+		e := setup(t, mode, 1)
+		config := e.config(&recorder{})
+		c, _ := e.start(config)
 
-	m := kafka.Message{Key: []byte("order-1"), Value: eventValue("k", 0)}
-	e.kafka.Produce(t, topic, m, m, m)
-	e.waitFor("three offsets committed", func() bool { return e.committed() == 3 })
+		m := kafka.Message{Key: []byte("order-1"), Value: eventValue("k", 0)}
+		e.kafka.Produce(t, topic, m, m, m)
+		e.waitFor("three offsets committed", func() bool { return e.committed() == 3 })
 
-	if !c.Ready() {
-		t.Error("Ready() = false while consuming")
-	}
-	if got := e.effects(); got["k"] != 1 || len(got) != 1 {
-		t.Errorf("effects = %v, want k applied once", got)
-	}
-	if applied, dup := outcomes(config, "applied"), outcomes(config, "duplicate"); applied != 1 || dup != 2 {
-		t.Errorf("outcomes: applied %v, duplicate %v; want 1, 2", applied, dup)
-	}
+		if !c.Ready() {
+			t.Error("Ready() = false while consuming")
+		}
+		if got := e.effects(); got["k"] != 1 || len(got) != 1 {
+			t.Errorf("effects = %v, want k applied once", got)
+		}
+		if applied, dup := outcomes(config, "applied"), outcomes(config, "duplicate"); applied != 1 || dup != 2 {
+			t.Errorf("outcomes: applied %v, duplicate %v; want 1, 2", applied, dup)
+		}
+	})
 }
 
 // TestRetry covers each way a handler can fail: what the message becomes, and that the partition
@@ -102,51 +104,53 @@ func TestRetry(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			e := setup(t, 1)
-			config := e.config(&recorder{fail: func(d inbox.Delivery) error {
-				if d.Key == "first" {
-					return tt.fail(d.Attempt)
+			forEachMode(t, func(t *testing.T, mode consumer.Transactions) {
+				e := setup(t, mode, 1)
+				config := e.config(&recorder{fail: func(d inbox.Delivery) error {
+					if d.Key == "first" {
+						return tt.fail(d.Attempt)
+					}
+					return nil
+				}})
+				if tt.maxElapsed > 0 {
+					config.Retry.MaxElapsed = tt.maxElapsed
 				}
-				return nil
-			}})
-			if tt.maxElapsed > 0 {
-				config.Retry.MaxElapsed = tt.maxElapsed
-			}
-			e.start(config)
+				e.start(config)
 
-			original := kafka.Message{
-				Key:     []byte("order-1"),
-				Value:   eventValue("first", 0),
-				Headers: []kafka.Header{{Key: "trace-id", Value: []byte("abc")}},
-			}
-			e.kafka.Produce(t, topic, original, kafka.Message{Key: []byte("order-2"), Value: eventValue("second", 1)})
-			e.waitFor("both offsets committed", func() bool { return e.committed() == 2 })
-
-			effects := e.effects()
-			if effects["second"] != 1 {
-				t.Errorf("the next message was applied %d times, want once", effects["second"])
-			}
-			if got := testutil.ToFloat64(config.Metrics.Retries.WithLabelValues(topic)); tt.wantRetries > 0 && got != tt.wantRetries {
-				t.Errorf("retries = %v, want %v", got, tt.wantRetries)
-			}
-			if tt.wantApplied {
-				if effects["first"] != 1 || outcomes(config, "applied") != 2 {
-					t.Errorf("first applied %d times (applied outcomes %v), want once (2)", effects["first"], outcomes(config, "applied"))
+				original := kafka.Message{
+					Key:     []byte("order-1"),
+					Value:   eventValue("first", 0),
+					Headers: []kafka.Header{{Key: "trace-id", Value: []byte("abc")}},
 				}
-				return
-			}
+				e.kafka.Produce(t, topic, original, kafka.Message{Key: []byte("order-2"), Value: eventValue("second", 1)})
+				e.waitFor("both offsets committed", func() bool { return e.committed() == 2 })
 
-			if effects["first"] != 0 || e.inboxKeys()["first"] != 0 {
-				t.Errorf("a dead-lettered message left an effect (%d) or an inbox row (%d)", effects["first"], e.inboxKeys()["first"])
-			}
-			if got := outcomes(config, "dead_lettered"); got != 1 {
-				t.Errorf("dead_lettered = %v, want 1", got)
-			}
-			dead := e.deadLetters()
-			if len(dead) != 1 {
-				t.Fatalf("%d dead letters, want 1", len(dead))
-			}
-			checkDeadLetter(t, dead[0], original, tt.wantReason, tt.wantError)
+				effects := e.effects()
+				if effects["second"] != 1 {
+					t.Errorf("the next message was applied %d times, want once", effects["second"])
+				}
+				if got := testutil.ToFloat64(config.Metrics.Retries.WithLabelValues(topic)); tt.wantRetries > 0 && got != tt.wantRetries {
+					t.Errorf("retries = %v, want %v", got, tt.wantRetries)
+				}
+				if tt.wantApplied {
+					if effects["first"] != 1 || outcomes(config, "applied") != 2 {
+						t.Errorf("first applied %d times (applied outcomes %v), want once (2)", effects["first"], outcomes(config, "applied"))
+					}
+					return
+				}
+
+				if effects["first"] != 0 || e.inboxKeys()["first"] != 0 {
+					t.Errorf("a dead-lettered message left an effect (%d) or an inbox row (%d)", effects["first"], e.inboxKeys()["first"])
+				}
+				if got := outcomes(config, "dead_lettered"); got != 1 {
+					t.Errorf("dead_lettered = %v, want 1", got)
+				}
+				dead := e.deadLetters()
+				if len(dead) != 1 {
+					t.Fatalf("%d dead letters, want 1", len(dead))
+				}
+				checkDeadLetter(t, dead[0], original, tt.wantReason, tt.wantError)
+			})
 		})
 	}
 }
@@ -187,7 +191,11 @@ func checkDeadLetter(t *testing.T, got, original kafka.Message, reason fault.Rea
 
 func TestBadKeys(t *testing.T) {
 	t.Parallel()
-	e := setup(t, 1)
+	forEachMode(t, testBadKeys)
+}
+
+func testBadKeys(t *testing.T, mode consumer.Transactions) {
+	e := setup(t, mode, 1)
 	config := e.config(&recorder{})
 	e.start(config)
 
@@ -232,7 +240,11 @@ func TestBadKeys(t *testing.T) {
 // between included.
 func TestOrdering(t *testing.T) {
 	t.Parallel()
-	e := setup(t, 1)
+	forEachMode(t, testOrdering)
+}
+
+func testOrdering(t *testing.T, mode consumer.Transactions) {
+	e := setup(t, mode, 1)
 	var mu sync.Mutex
 	failed := make(map[string]bool)
 	config := e.config(&recorder{fail: func(d inbox.Delivery) error {
@@ -275,7 +287,7 @@ func TestNewValidates(t *testing.T) {
 	t.Parallel()
 	log := testLogger(t)
 	valid := func() consumer.Config {
-		c := testConfig("127.0.0.1:1", nil, nil, &recorder{}, log)
+		c := testConfig("127.0.0.1:1", nil, nil, &recorder{}, consumer.PerBatch, log)
 		c.Pool = lazyPool(t)
 		c.Store = &inbox.Store{}
 		return c
@@ -298,6 +310,7 @@ func TestNewValidates(t *testing.T) {
 		{"NegativeRetry", func(c *consumer.Config) { c.Retry.MaxElapsed = -time.Second }, "Config.Retry.MaxElapsed"},
 		{"MaxBelowInitial", func(c *consumer.Config) { c.Retry.MaxInterval = time.Microsecond }, "Config.Retry.MaxInterval"},
 		{"NegativeBatch", func(c *consumer.Config) { c.BatchSize = -1 }, "Config.BatchSize"},
+		{"UnknownTransactions", func(c *consumer.Config) { c.Transactions = 7 }, "Config.Transactions"},
 		{"NoPool", func(c *consumer.Config) { c.Pool = nil }, "Config.Pool"},
 		{"NoStore", func(c *consumer.Config) { c.Store = nil }, "Config.Store"},
 	}

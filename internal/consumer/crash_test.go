@@ -15,56 +15,67 @@ func TestCrash(t *testing.T) {
 
 	t.Run("AfterDatabaseCommit", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, 1)
-		all := keys("crash", 5)
-		e.produce(all...)
-
-		// The first batch's transactions commit; the process dies before its offset commit.
-		if !e.startChild(dieBeforeOffsetCommit, "").killed(t) {
-			t.Fatal("the worker was not killed")
-		}
-		appliedBefore := len(e.effects())
-		if appliedBefore == 0 {
-			t.Fatal("the killed worker applied nothing: the test kills it too early")
-		}
-		if got := e.committed(); got != 0 {
-			t.Fatalf("committed %d offsets before the kill, want none", got)
-		}
-
-		config := e.config(&recorder{})
-		e.start(config)
-		e.waitFor("all offsets committed", func() bool { return e.committed() == int64(len(all)) })
-		checkOnce(t, e, all)
-		if got := outcomes(config, "duplicate"); got != float64(appliedBefore) {
-			t.Errorf("duplicates = %v, want the %d messages the killed worker applied", got, appliedBefore)
-		}
+		forEachMode(t, testCrashAfterDatabaseCommit)
 	})
-
 	t.Run("InTransaction", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, 1)
-		all := keys("crash", 5)
-		e.produce(all...)
-
-		// The worker dies in the handler of the third message, its effect written, uncommitted.
-		if !e.startChild(dieInHandler, all[2]).killed(t) {
-			t.Fatal("the worker was not killed")
-		}
-		if got := e.effects(); got[all[2]] != 0 || e.inboxKeys()[all[2]] != 0 {
-			t.Fatalf("the transaction the worker died in left an effect or an inbox row: %v", got)
-		}
-
-		e.start(e.config(&recorder{}))
-		e.waitFor("all offsets committed", func() bool { return e.committed() == int64(len(all)) })
-		checkOnce(t, e, all)
+		forEachMode(t, testCrashInTransaction)
 	})
+}
+
+func testCrashAfterDatabaseCommit(t *testing.T, mode consumer.Transactions) {
+	e := setup(t, mode, 1)
+	all := keys("crash", 5)
+	e.produce(all...)
+
+	// The first batch's transactions commit; the process dies before its offset commit.
+	if !e.startChild(dieBeforeOffsetCommit, "").killed(t) {
+		t.Fatal("the worker was not killed")
+	}
+	appliedBefore := len(e.effects())
+	if appliedBefore == 0 {
+		t.Fatal("the killed worker applied nothing: the test kills it too early")
+	}
+	if got := e.committed(); got != 0 {
+		t.Fatalf("committed %d offsets before the kill, want none", got)
+	}
+
+	config := e.config(&recorder{})
+	e.start(config)
+	e.waitFor("all offsets committed", func() bool { return e.committed() == int64(len(all)) })
+	checkOnce(t, e, all)
+	if got := outcomes(config, "duplicate"); got != float64(appliedBefore) {
+		t.Errorf("duplicates = %v, want the %d messages the killed worker applied", got, appliedBefore)
+	}
+}
+
+func testCrashInTransaction(t *testing.T, mode consumer.Transactions) {
+	e := setup(t, mode, 1)
+	all := keys("crash", 5)
+	e.produce(all...)
+
+	// The worker dies in the handler of the third message, its effect written, uncommitted.
+	if !e.startChild(dieInHandler, all[2]).killed(t) {
+		t.Fatal("the worker was not killed")
+	}
+	if got := e.effects(); got[all[2]] != 0 || e.inboxKeys()[all[2]] != 0 {
+		t.Fatalf("the transaction the worker died in left an effect or an inbox row: %v", got)
+	}
+
+	e.start(e.config(&recorder{}))
+	e.waitFor("all offsets committed", func() bool { return e.committed() == int64(len(all)) })
+	checkOnce(t, e, all)
 }
 
 // TestCrashLoop runs workers that die in the handler of one message every time: after
 // CrashLoopStarts starts of it, it is dead-lettered without running, and its partition moves on.
 func TestCrashLoop(t *testing.T) {
 	t.Parallel()
-	e := setup(t, 1)
+	forEachMode(t, testCrashLoop)
+}
+
+func testCrashLoop(t *testing.T, mode consumer.Transactions) {
+	e := setup(t, mode, 1)
 	all := []string{"before", "poison", "after-1", "after-2"}
 	e.produce(all...)
 

@@ -22,56 +22,63 @@ func TestShutdown(t *testing.T) {
 
 	t.Run("InFlightFinishes", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, 1)
-		entered := make(chan struct{})
-		c, stop := e.start(e.config(&recorder{fail: func(d inbox.Delivery) error {
-			close(entered)
-			time.Sleep(200 * time.Millisecond)
-			return nil
-		}}))
-		e.produce("slow")
-		<-entered
-		stop()
-		if c.Ready() {
-			t.Error("Ready() = true after Run returned")
-		}
-		if got := e.effects()["slow"]; got != 1 {
-			t.Errorf("the in-flight message was applied %d times, want once", got)
-		}
-		if got := e.committed(); got != 1 {
-			t.Errorf("committed %d offsets, want the in-flight message's", got)
-		}
+		forEachMode(t, testShutdownInFlightFinishes)
 	})
-
 	t.Run("TimeoutCancels", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, 1)
-		entered := make(chan struct{})
-		causes := make(chan error, 1)
-		config := e.config(nil)
-		config.ShutdownTimeout = 100 * time.Millisecond
-		// A handler that waits for its context: only the cancellation at the timeout ends it.
-		config.Routes[0].Handler = handlerFunc(func(ctx context.Context, d inbox.Delivery) error {
-			close(entered)
-			<-ctx.Done()
-			causes <- context.Cause(ctx)
-			return ctx.Err()
-		})
-		_, stop := e.start(config)
-		e.produce("stuck")
-		<-entered
-		stop()
-		if cause := <-causes; !errors.Is(cause, consumer.ErrStopped) {
-			t.Errorf("the handler's context was cancelled with cause %v, want ErrStopped", cause)
-		}
-		if len(e.effects()) != 0 || len(e.inboxKeys()) != 0 || e.committed() != 0 {
-			t.Errorf("the cancelled message left effects %v, inbox keys %v, or a commit (%d)",
-				e.effects(), e.inboxKeys(), e.committed())
-		}
-		if dead := e.deadLetters(); len(dead) != 0 {
-			t.Errorf("the cancelled message was dead-lettered: %v", header(dead[0], "dlq-reason"))
-		}
+		forEachMode(t, testShutdownTimeoutCancels)
 	})
+}
+
+func testShutdownInFlightFinishes(t *testing.T, mode consumer.Transactions) {
+	e := setup(t, mode, 1)
+	entered := make(chan struct{})
+	c, stop := e.start(e.config(&recorder{fail: func(d inbox.Delivery) error {
+		close(entered)
+		time.Sleep(200 * time.Millisecond)
+		return nil
+	}}))
+	e.produce("slow")
+	<-entered
+	stop()
+	if c.Ready() {
+		t.Error("Ready() = true after Run returned")
+	}
+	if got := e.effects()["slow"]; got != 1 {
+		t.Errorf("the in-flight message was applied %d times, want once", got)
+	}
+	if got := e.committed(); got != 1 {
+		t.Errorf("committed %d offsets, want the in-flight message's", got)
+	}
+}
+
+func testShutdownTimeoutCancels(t *testing.T, mode consumer.Transactions) {
+	e := setup(t, mode, 1)
+	entered := make(chan struct{})
+	causes := make(chan error, 1)
+	config := e.config(nil)
+	config.ShutdownTimeout = 100 * time.Millisecond
+	// A handler that waits for its context: only the cancellation at the timeout ends it.
+	config.Routes[0].Handler = handlerFunc(func(ctx context.Context, d inbox.Delivery) error {
+		close(entered)
+		<-ctx.Done()
+		causes <- context.Cause(ctx)
+		return ctx.Err()
+	})
+	_, stop := e.start(config)
+	e.produce("stuck")
+	<-entered
+	stop()
+	if cause := <-causes; !errors.Is(cause, consumer.ErrStopped) {
+		t.Errorf("the handler's context was cancelled with cause %v, want ErrStopped", cause)
+	}
+	if len(e.effects()) != 0 || len(e.inboxKeys()) != 0 || e.committed() != 0 {
+		t.Errorf("the cancelled message left effects %v, inbox keys %v, or a commit (%d)",
+			e.effects(), e.inboxKeys(), e.committed())
+	}
+	if dead := e.deadLetters(); len(dead) != 0 {
+		t.Errorf("the cancelled message was dead-lettered: %v", header(dead[0], "dlq-reason"))
+	}
 }
 
 // handlerFunc is a handler that records nothing.
@@ -79,11 +86,19 @@ type handlerFunc func(ctx context.Context, d inbox.Delivery) error
 
 func (f handlerFunc) Handle(ctx context.Context, _ pgx.Tx, d inbox.Delivery) error { return f(ctx, d) }
 
+func (f handlerFunc) HandleBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery) []error {
+	return handleEach(ctx, tx, ds, f.Handle)
+}
+
 // TestDeadLetterTopicUnavailable checks that a message whose dead letter cannot be written holds its
 // partition, uncommitted, until the dead-letter topic can be written.
 func TestDeadLetterTopicUnavailable(t *testing.T) {
 	t.Parallel()
-	e := &env{t: t, kafka: kafkatest.Start(t, 1, topic), db: pgtest.Schema(t), partitions: 1, log: testLogger(t)}
+	forEachMode(t, testDeadLetterTopicUnavailable)
+}
+
+func testDeadLetterTopicUnavailable(t *testing.T, mode consumer.Transactions) {
+	e := &env{t: t, mode: mode, kafka: kafkatest.Start(t, 1, topic), db: pgtest.Schema(t), partitions: 1, log: testLogger(t)}
 	if _, err := e.db.Pool.Exec(t.Context(), effectsTable); err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +150,11 @@ func createTopic(t *testing.T, broker, name string) {
 // TestLag checks the consumer_lag gauge while a partition is held up and after it caught up.
 func TestLag(t *testing.T) {
 	t.Parallel()
-	e := setup(t, 1)
+	forEachMode(t, testLag)
+}
+
+func testLag(t *testing.T, mode consumer.Transactions) {
+	e := setup(t, mode, 1)
 	release := make(chan struct{})
 	config := e.config(&recorder{fail: func(d inbox.Delivery) error {
 		if d.Key == "first" {

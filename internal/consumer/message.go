@@ -29,7 +29,25 @@ type failure struct {
 //
 // It is the wrapper around the handler that records the metrics.
 func (p *partition) processMessage(ctx context.Context, m kafka.Message) error {
-	began := time.Now()
+	return p.finishMessage(ctx, m, tried{})
+}
+
+// tried is what happened to a message in batch transactions before it came to the per-message path.
+type tried struct {
+	// runs counts the runs of its handler in batches, which count as attempts.
+	runs int
+	// began is when its first batch began, from which its handle time is measured.
+	began time.Time
+	// err is the error of its last run when the batch failed on it: that run was a failed attempt.
+	err error
+}
+
+// finishMessage is processMessage for a message that prior says was tried in batches before.
+func (p *partition) finishMessage(ctx context.Context, m kafka.Message, prior tried) error {
+	began := prior.began
+	if began.IsZero() {
+		began = time.Now()
+	}
 	log := p.log.With("offset", m.Offset)
 	var outcome string
 	var failed *failure
@@ -39,7 +57,7 @@ func (p *partition) processMessage(ctx context.Context, m kafka.Message) error {
 	} else {
 		log = log.With("key", key)
 		var applied inbox.Outcome
-		applied, failed, err = p.apply(ctx, m, key, log)
+		applied, failed, err = p.apply(ctx, m, key, prior, log)
 		if err != nil {
 			return err
 		}
@@ -66,16 +84,10 @@ func (p *partition) processMessage(ctx context.Context, m kafka.Message) error {
 //   - a permanent error fails at once.
 //
 // Nothing is open while it waits. It returns an error only when ctx is done or the consumer begins
-// to stop while it waits.
-func (p *partition) apply(ctx context.Context, m kafka.Message, key string, log *slog.Logger) (inbox.Outcome, *failure, error) {
-	msg := inbox.Message{
-		Handler:     p.route.Name,
-		Key:         key,
-		Fingerprint: inbox.Fingerprint(m.Value),
-		Topic:       p.topic,
-		Partition:   int32(p.id),
-		Offset:      m.Offset,
-	}
+// to stop while it waits. A message that failed in a batch (prior.err) goes on from that failed
+// attempt.
+func (p *partition) apply(ctx context.Context, m kafka.Message, key string, prior tried, log *slog.Logger) (inbox.Outcome, *failure, error) {
+	msg := p.inboxMessage(m, key)
 	budget := &budgetClock{}
 	retries := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(p.c.config.Retry.InitialInterval),
@@ -86,13 +98,19 @@ func (p *partition) apply(ctx context.Context, m kafka.Message, key string, log 
 		backoff.WithClockProvider(budget),
 	)
 	var outage *backoff.ExponentialBackOff
-	for attempt := 1; ; attempt++ {
+	attempt, batchErr := prior.runs, prior.err
+	for {
 		began := time.Now()
-		outcome, err := p.attempt(ctx, msg, m.Value, attempt, log)
+		var outcome inbox.Outcome
+		err := batchErr
+		if batchErr == nil {
+			attempt++
+			outcome, err = p.attempt(ctx, msg, m.Value, attempt, log)
+		}
+		batchErr = nil
 		switch {
 		case err == nil && outcome == inbox.KeyReused:
-			err := fmt.Errorf("idempotency key %q was applied before with a different payload", key)
-			return "", &failure{reason: fault.IdempotencyKeyReused, err: err, attempts: attempt}, nil
+			return "", keyReused(key, attempt), nil
 		case err == nil:
 			return outcome, nil, nil
 		case ctx.Err() != nil:
@@ -130,6 +148,24 @@ func (p *partition) apply(ctx context.Context, m kafka.Message, key string, log 
 		if err := p.sleep(ctx, delay); err != nil {
 			return "", nil, err
 		}
+	}
+}
+
+// keyReused is the failure of a message whose key was applied before with another payload.
+func keyReused(key string, attempts int) *failure {
+	err := fmt.Errorf("idempotency key %q was applied before with a different payload", key)
+	return &failure{reason: fault.IdempotencyKeyReused, err: err, attempts: attempts}
+}
+
+// inboxMessage is m, whose idempotency key is key, as the inbox records it.
+func (p *partition) inboxMessage(m kafka.Message, key string) inbox.Message {
+	return inbox.Message{
+		Handler:     p.route.Name,
+		Key:         key,
+		Fingerprint: inbox.Fingerprint(m.Value),
+		Topic:       p.topic,
+		Partition:   int32(p.id),
+		Offset:      m.Offset,
 	}
 }
 

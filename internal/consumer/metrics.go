@@ -28,7 +28,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"topic"}),
 		Handle: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "inboxworker_handle_seconds",
-			Help:    "Time to finish a message, retries included, by topic.",
+			Help:    "Time to finish a message, retries included (in a batch applied in one transaction, the batch's time), by topic.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
 		}, []string{"topic"}),
 		Lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -19,9 +20,13 @@ import (
 // dead-lettered, and every message is applied once after the database is back.
 func TestDatabaseOutage(t *testing.T) {
 	t.Parallel()
+	forEachMode(t, testDatabaseOutage)
+}
+
+func testDatabaseOutage(t *testing.T, mode consumer.Transactions) {
 	// One partition: the messages after "held" wait behind it, so no other transaction is in flight
 	// when the connection is cut.
-	e := setup(t, 1)
+	e := setup(t, mode, 1)
 	proxy := startProxy(t, e.db.URL)
 	pool, err := pgxpool.New(context.Background(), proxy.url)
 	if err != nil {
@@ -40,7 +45,7 @@ func TestDatabaseOutage(t *testing.T) {
 			<-release
 		}
 		return nil
-	}}, e.log)
+	}}, mode, e.log)
 	config.Retry.MaxElapsed = 100 * time.Millisecond
 	e.start(config)
 

@@ -32,6 +32,9 @@ type partition struct {
 	offset int64 // the assigned offset: the group's committed offset, or kafka.FirstOffset
 	log    *slog.Logger
 
+	// together is the route's handler when batches are applied in one transaction, else nil.
+	together BatchHandler
+
 	reader   *kafka.Reader
 	stopping <-chan struct{} // closed when Run's context is cancelled
 	pending  []kafka.Message // fetched, not yet taken into a batch
@@ -44,7 +47,12 @@ type partition struct {
 }
 
 func (c *Consumer) newPartition(route Route, a kafka.PartitionAssignment, gen *kafka.Generation) *partition {
+	var together BatchHandler
+	if h, ok := route.Handler.(BatchHandler); ok && c.config.Transactions == PerBatch {
+		together = h
+	}
 	return &partition{
+		together: together,
 		c:        c,
 		route:    route,
 		topic:    route.Topic,
@@ -94,7 +102,11 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 	}
 	p.c.lag.track(p.topic, p.id)
 	defer p.c.lag.untrack(p.topic, p.id)
-	p.log.Info("consuming the partition", "offset", offsetAttr(p.offset))
+	transactions := PerMessage
+	if p.together != nil {
+		transactions = PerBatch
+	}
+	p.log.Info("consuming the partition", "offset", offsetAttr(p.offset), "transactions", transactions)
 
 	for {
 		batch, err := p.nextBatch(idle)
@@ -152,6 +164,7 @@ func (p *partition) fetch(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	p.fetched(m)
 	p.pending = append(make([]kafka.Message, 0, p.c.config.BatchSize), m)
 	wait, cancel := context.WithTimeout(ctx, p.c.config.BatchWait)
 	defer cancel()
@@ -162,6 +175,7 @@ func (p *partition) fetch(ctx context.Context) error {
 			// FetchMessage loses no message.
 			return nil
 		}
+		p.fetched(m)
 		p.pending = append(p.pending, m)
 	}
 	return nil
@@ -190,18 +204,30 @@ func (p *partition) runBatch(ctx context.Context, batch []kafka.Message) int {
 	return finished
 }
 
-// processBatch applies a batch's messages one at a time, each in its own inbox transaction, and
-// returns how many finished (applied, duplicate or dead-lettered), in offset order. It stops early
-// when the work is cancelled or the consumer begins to stop.
-//
-// This is the seam for processing strategies: one that applies a whole batch in one transaction
-// would sit beside this one and return 0 or len(batch).
+// processBatch applies a batch's messages and returns how many finished (applied, duplicate or
+// dead-lettered), in offset order. It stops early when the work is cancelled or the consumer begins
+// to stop. It is the seam between the processing strategies: in one transaction when the route's
+// handler can take a batch (processTogether), else one transaction per message (processEach).
 func (p *partition) processBatch(ctx context.Context, batch []kafka.Message) int {
+	if p.together != nil {
+		return p.processTogether(ctx, p.together, batch)
+	}
+	return p.processEach(ctx, batch, nil)
+}
+
+// processEach is the per-message strategy: it applies a batch's messages one at a time, each in its
+// own inbox transaction, and returns how many finished. prior, when set, says what happened to each
+// message in batches before.
+func (p *partition) processEach(ctx context.Context, batch []kafka.Message, prior []tried) int {
 	for i, m := range batch {
 		if p.isStopping() {
 			return i
 		}
-		if err := p.processMessage(ctx, m); err != nil {
+		var t tried
+		if prior != nil {
+			t = prior[i]
+		}
+		if err := p.finishMessage(ctx, m, t); err != nil {
 			return i
 		}
 	}
@@ -222,6 +248,15 @@ func (p *partition) commit(offset int64) {
 		return
 	}
 	p.log.Debug("committed the offset", "offset", offset)
+	if o := p.c.config.Observer; o != nil {
+		o.Committed(p.topic, p.id, offset)
+	}
+}
+
+func (p *partition) fetched(m kafka.Message) {
+	if o := p.c.config.Observer; o != nil {
+		o.Fetched(p.topic, p.id, m.Offset)
+	}
 }
 
 func (p *partition) isStopping() bool {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -19,12 +20,20 @@ func (h *slowRecorder) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) 
 	return h.recorder.Handle(ctx, tx, d)
 }
 
+func (h *slowRecorder) HandleBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery) []error {
+	return handleEach(ctx, tx, ds, h.Handle)
+}
+
 // TestRebalance runs two consumers in one group over a stream: the second joins mid-stream (taking
 // partitions from the first while it works) and leaves mid-stream (handing them back). Nothing may
 // be lost and no effect doubled. Run with -v to see how long each rebalance took (rebalance=…).
 func TestRebalance(t *testing.T) {
 	t.Parallel()
-	e := setup(t, 4)
+	forEachMode(t, testRebalance)
+}
+
+func testRebalance(t *testing.T, mode consumer.Transactions) {
+	e := setup(t, mode, 4)
 	all := keys("r", 400)
 	e.produce(all...)
 

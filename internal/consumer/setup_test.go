@@ -37,9 +37,32 @@ const (
 	handler  = "events"
 )
 
+// modes are the values of Config.Transactions that the tests run the consumer in: each guarantee
+// holds in both.
+var modes = []consumer.Transactions{consumer.PerMessage, consumer.PerBatch}
+
+// forEachMode runs test as a parallel subtest for each mode, named after it (PerMessage, PerBatch).
+func forEachMode(t *testing.T, test func(t *testing.T, mode consumer.Transactions)) {
+	t.Helper()
+	for _, mode := range modes {
+		t.Run(modeName(mode), func(t *testing.T) {
+			t.Parallel()
+			test(t, mode)
+		})
+	}
+}
+
+func modeName(mode consumer.Transactions) string {
+	if mode == consumer.PerBatch {
+		return "PerBatch"
+	}
+	return "PerMessage"
+}
+
 // env is one test's broker, schema and metrics.
 type env struct {
 	t          *testing.T
+	mode       consumer.Transactions
 	kafka      *kafkatest.Cluster
 	db         *pgtest.DB
 	partitions int
@@ -48,11 +71,12 @@ type env struct {
 
 // setup starts a broker with topic and its dead-letter topic (partitions each) and a fresh schema
 // with an effects table, where the test handler records what it applied, inside the inbox
-// transaction.
-func setup(t *testing.T, partitions int) *env {
+// transaction. The consumers it configures run in mode.
+func setup(t *testing.T, mode consumer.Transactions, partitions int) *env {
 	t.Helper()
 	e := &env{
 		t:          t,
+		mode:       mode,
 		kafka:      kafkatest.Start(t, int32(partitions), topic, dlqTopic),
 		db:         pgtest.Schema(t),
 		partitions: partitions,
@@ -74,10 +98,27 @@ const effectsTable = `CREATE TABLE effects (
 
 // recorder is the test handler: it records each message it applies in effects, after asking fail
 // (when set) whether to fail instead. after, when set, runs once the effect is written, in the
-// transaction.
+// transaction. It is a BatchHandler that applies a batch one delivery at a time, so that a test
+// runs the same handler in both modes.
 type recorder struct {
 	fail  func(d inbox.Delivery) error
 	after func(d inbox.Delivery)
+}
+
+func (h *recorder) HandleBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery) []error {
+	return handleEach(ctx, tx, ds, h.Handle)
+}
+
+// handleEach applies ds one by one with handle, stopping at the first error.
+func handleEach(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery,
+	handle func(context.Context, pgx.Tx, inbox.Delivery) error) []error {
+	errs := make([]error, len(ds))
+	for i, d := range ds {
+		if errs[i] = handle(ctx, tx, d); errs[i] != nil {
+			break
+		}
+	}
+	return errs
 }
 
 func (h *recorder) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
@@ -99,10 +140,11 @@ func (e *env) config(h consumer.Handler) consumer.Config {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return testConfig(e.kafka.Addr, e.db.Pool, store, h, e.log)
+	return testConfig(e.kafka.Addr, e.db.Pool, store, h, e.mode, e.log)
 }
 
-func testConfig(broker string, pool *pgxpool.Pool, store *inbox.Store, h consumer.Handler, log *slog.Logger) consumer.Config {
+func testConfig(broker string, pool *pgxpool.Pool, store *inbox.Store, h consumer.Handler,
+	mode consumer.Transactions, log *slog.Logger) consumer.Config {
 	return consumer.Config{
 		Brokers:        []string{broker},
 		GroupID:        group,
@@ -113,6 +155,7 @@ func testConfig(broker string, pool *pgxpool.Pool, store *inbox.Store, h consume
 			MaxInterval:     20 * time.Millisecond,
 			MaxElapsed:      5 * time.Second,
 		},
+		Transactions:    mode,
 		ShutdownTimeout: 5 * time.Second,
 		LagInterval:     50 * time.Millisecond,
 		Pool:            pool,
