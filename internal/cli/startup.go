@@ -141,31 +141,9 @@ func checkKafka(ctx context.Context, cfg *Config, logger *slog.Logger) error {
 	}
 	defer admin.Close()
 	topics := []string{cfg.TopicPayments, cfg.TopicSMS}
-	var meta *kafka.MetadataResponse
-	err = waitFor(ctx, cfg.StartupTimeout, logger, "Kafka", func(ctx context.Context) error {
-		var err error
-		meta, err = admin.client.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
-		if errors.Is(err, kafka.SASLAuthenticationFailed) || errors.Is(err, kafka.UnsupportedSASLMechanism) {
-			return giveUp{err}
-		}
-		return err
-	})
-	if g, ok := errors.AsType[giveUp](err); ok {
-		return &settingError{name: "KAFKA_USERNAME", err: fmt.Errorf("Kafka at %s refused the credentials (%s %s): %s",
-			strings.Join(cfg.KafkaBrokers, ","), cfg.KafkaSASLMechanism, cfg.KafkaUsername,
-			secretScrubber(cfg.KafkaPassword)(g.Error()))}
-	}
+	meta, err := waitForKafka(ctx, cfg, logger, admin, topics)
 	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		var hint string
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			// A broker that does not like a client's TLS or SASL often just hangs up.
-			hint = " (the brokers hung up: check KAFKA_TLS, KAFKA_SASL_MECHANISM, KAFKA_USERNAME and KAFKA_PASSWORD)"
-		}
-		return &settingError{name: "KAFKA_BROKERS", err: fmt.Errorf("Kafka at %s unreachable after %s: %s%s",
-			strings.Join(cfg.KafkaBrokers, ","), cfg.StartupTimeout, secretScrubber(cfg.KafkaPassword)(err.Error()), hint)}
+		return err
 	}
 	present := map[string]bool{}
 	for _, t := range meta.Topics {
@@ -184,6 +162,39 @@ func checkKafka(ctx context.Context, cfg *Config, logger *slog.Logger) error {
 	}
 	checkRetention(ctx, cfg, logger, admin, existing)
 	return nil
+}
+
+// waitForKafka waits up to STARTUP_TIMEOUT for the brokers to answer a metadata request for topics
+// and returns the answer. Refused credentials end the wait at once. Its errors name the setting.
+func waitForKafka(ctx context.Context, cfg *Config, logger *slog.Logger, admin *kafkaAdmin,
+	topics []string) (*kafka.MetadataResponse, error) {
+	var meta *kafka.MetadataResponse
+	err := waitFor(ctx, cfg.StartupTimeout, logger, "Kafka", func(ctx context.Context) error {
+		var err error
+		meta, err = admin.client.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
+		if errors.Is(err, kafka.SASLAuthenticationFailed) || errors.Is(err, kafka.UnsupportedSASLMechanism) {
+			return giveUp{err}
+		}
+		return err
+	})
+	if g, ok := errors.AsType[giveUp](err); ok {
+		return nil, &settingError{name: "KAFKA_USERNAME", err: fmt.Errorf("Kafka at %s refused the credentials (%s %s): %s",
+			strings.Join(cfg.KafkaBrokers, ","), cfg.KafkaSASLMechanism, cfg.KafkaUsername,
+			secretScrubber(cfg.KafkaPassword)(g.Error()))}
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		var hint string
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			// A broker that does not like a client's TLS or SASL often just hangs up.
+			hint = " (the brokers hung up: check KAFKA_TLS, KAFKA_SASL_MECHANISM, KAFKA_USERNAME and KAFKA_PASSWORD)"
+		}
+		return nil, &settingError{name: "KAFKA_BROKERS", err: fmt.Errorf("Kafka at %s unreachable after %s: %s%s",
+			strings.Join(cfg.KafkaBrokers, ","), cfg.StartupTimeout, secretScrubber(cfg.KafkaPassword)(err.Error()), hint)}
+	}
+	return meta, nil
 }
 
 const retentionWarning = "inbox retention is shorter than the topic's retention"
