@@ -2,7 +2,8 @@
 // builds the parts (Postgres pool, inbox, handlers, Kafka consumer, HTTP endpoints) and runs them.
 //
 // Commands: run (consume until SIGTERM/SIGINT), migrate (apply or list migrations), dev (an embedded
-// broker plus the worker) and demo (dev plus a generated stream and a summary). Configuration errors
+// broker plus the worker), demo (dev plus a generated stream and a summary) and replay (put dead
+// letters back on their original topic). Configuration errors
 // and unreachable dependencies end the process with exit code 1 and one line naming the setting;
 // secrets never reach the output. cli holds no business logic: the order state machine, SMS sending,
 // the inbox and the Kafka runtime live in their own packages.
@@ -124,11 +125,41 @@ var commands = []*command{
 			logSettings),
 		run: demoCommand,
 	},
+	{
+		name:    "replay",
+		args:    "DLQ_TOPIC",
+		maxArgs: 1,
+		summary: "put dead letters back on their original topic, once their cause is fixed",
+		details: "Reads every partition of DLQ_TOPIC (a topic ending with DLQ_SUFFIX) from its first offset\n" +
+			"to its end offset as of the start, without a consumer group, and produces each dead letter\n" +
+			"whose dlq-reason is --reason (all when unset) to the topic its dlq-original-topic header\n" +
+			"names: the original key, value and headers (Idempotency-Key among them), less the dlq-*\n" +
+			"headers, partitioned by key as producers do. A dead letter without dlq-original-topic is\n" +
+			"skipped with a warning; one naming a dead-letter topic stops the command before anything\n" +
+			"is written. Prints one line per dead letter replayed and a summary.\n" +
+			"\n" +
+			"Nothing is deleted: Kafka topics are append-only, so replaying twice puts a message back\n" +
+			"twice. The inbox makes that harmless for a message that was applied (its key is skipped as\n" +
+			"a duplicate); a message that fails again is dead-lettered again. Try --dry-run first, and\n" +
+			"replay only the --reason whose cause you fixed.",
+		settings: join([]string{"KAFKA_BROKERS", "KAFKA_SASL_MECHANISM", "KAFKA_USERNAME", "KAFKA_PASSWORD",
+			"KAFKA_TLS", "DLQ_SUFFIX", "STARTUP_TIMEOUT"}, logSettings, []string{"reason", "dry-run", "limit"}),
+		run: replayCommand,
+	},
+}
+
+// commandNames lists the commands, for errors.
+func commandNames() string {
+	names := make([]string, len(commands))
+	for i, c := range commands {
+		names[i] = c.name
+	}
+	return strings.Join(names, ", ")
 }
 
 func (a *app) main(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("no command given (run, migrate, dev, demo); see worker --help")
+		return fmt.Errorf("no command given (%s); see worker --help", commandNames())
 	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
@@ -137,7 +168,7 @@ func (a *app) main(ctx context.Context, args []string) error {
 				cmd.usage(a.stdout)
 				return nil
 			}
-			return fmt.Errorf("unknown command %q (run, migrate, dev, demo)", args[1])
+			return fmt.Errorf("unknown command %q (%s)", args[1], commandNames())
 		}
 		usage(a.stdout)
 		return nil
@@ -147,7 +178,7 @@ func (a *app) main(ctx context.Context, args []string) error {
 		if strings.HasPrefix(args[0], "-") {
 			return fmt.Errorf("flags go after the command: worker CMD %s; see worker --help", args[0])
 		}
-		return fmt.Errorf("unknown command %q (run, migrate, dev, demo); see worker --help", args[0])
+		return fmt.Errorf("unknown command %q (%s); see worker --help", args[0], commandNames())
 	}
 	cf := newConfigFlags(cmd.name, cmd.selected())
 	positional, err := cf.parse(args[1:])

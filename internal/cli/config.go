@@ -55,6 +55,12 @@ type Config struct {
 	// NoMigrate skips the migrations at start (worker run --no-migrate). A flag only.
 	NoMigrate bool
 
+	// The options of worker replay, flags only: the dlq-reason to replay ("" for all), whether to
+	// write nothing, and how many dead letters to replay at most (0 for all).
+	ReplayReason string
+	ReplayDryRun bool
+	ReplayLimit  int
+
 	// used are the settings of the command being run, for the startup log line.
 	used []*setting
 	// explicit holds the env names of the settings given by flag or environment, not defaulted.
@@ -179,6 +185,15 @@ var settings = []*setting{
 	{flag: "no-migrate", def: "false", envless: true,
 		usage: "do not apply pending migrations at start",
 		set:   func(c *Config, v string) error { return parseBool(&c.NoMigrate, v) }},
+	{flag: "reason", meta: "REASON", envless: true,
+		usage: "replay only the dead letters whose dlq-reason is REASON (unset: all)",
+		set:   func(c *Config, v string) error { c.ReplayReason = v; return nil }},
+	{flag: "dry-run", def: "false", envless: true,
+		usage: "print what would be replayed and write nothing",
+		set:   func(c *Config, v string) error { return parseBool(&c.ReplayDryRun, v) }},
+	{flag: "limit", meta: "N", envless: true,
+		usage: "replay at most N dead letters (unset: all)",
+		set:   func(c *Config, v string) error { return parseLimit(&c.ReplayLimit, v) }},
 }
 
 func lookupSetting(env string) *setting {
@@ -390,6 +405,20 @@ func parsePositiveDuration(dst *time.Duration, v string) error {
 		return fmt.Errorf("must be positive, got %q", v)
 	}
 	*dst = d
+	return nil
+}
+
+// parseLimit accepts a positive count, or nothing for no limit.
+func parseLimit(dst *int, v string) error {
+	if v == "" {
+		*dst = 0
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return fmt.Errorf("must be a positive number, got %q", v)
+	}
+	*dst = n
 	return nil
 }
 

@@ -1,0 +1,416 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+)
+
+// The dead-letter headers replay reads. Every header whose name begins with dlqHeaderPrefix is the
+// dead-lettering's own and is not replayed.
+const (
+	dlqHeaderPrefix        = "dlq-"
+	dlqReasonHeader        = "dlq-reason"
+	dlqOriginalTopicHeader = "dlq-original-topic"
+)
+
+const (
+	replayFetchMaxBytes = 4 << 20
+	replayFetchMaxWait  = 500 * time.Millisecond
+	// maxDisplayed is how many bytes of a header value (an idempotency key, a reason) are printed.
+	maxDisplayed = 80
+)
+
+// replayCommand is `worker replay DLQ_TOPIC`.
+func replayCommand(ctx context.Context, a *app, cfg *Config, args []string) error {
+	if len(args) == 0 {
+		return errors.New("missing DLQ_TOPIC, the dead-letter topic to replay (see worker replay --help)")
+	}
+	r := &replay{
+		dlqTopic: args[0],
+		suffix:   cfg.DLQSuffix,
+		reason:   cfg.ReplayReason,
+		limit:    cfg.ReplayLimit,
+		dryRun:   cfg.ReplayDryRun,
+		out:      a.stdout,
+		skipped:  map[string]int{},
+	}
+	if err := parseTopic(new(string), r.dlqTopic); err != nil {
+		return fmt.Errorf("DLQ_TOPIC: %w", err)
+	}
+	if !strings.HasSuffix(r.dlqTopic, r.suffix) {
+		return fmt.Errorf("DLQ_TOPIC: %q is not a dead-letter topic: it does not end with DLQ_SUFFIX %q",
+			r.dlqTopic, r.suffix)
+	}
+
+	r.logger = newLogger(cfg, a.stderr)
+	logStart(ctx, r.logger, "replay", cfg)
+	admin, err := newKafkaAdmin(cfg)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	r.client = admin.client
+
+	meta, err := waitForKafka(ctx, cfg, r.logger, admin, []string{r.dlqTopic})
+	if err != nil {
+		return err
+	}
+	partitions, err := topicPartitions(meta, r.dlqTopic)
+	if err != nil {
+		return err
+	}
+	r.logger.InfoContext(ctx, "reading the dead letters", slog.String("dlq_topic", r.dlqTopic),
+		slog.String("reason", r.reason), slog.Bool("dry_run", r.dryRun), slog.Int("limit", r.limit))
+	if err := r.read(ctx, partitions); err != nil {
+		return err
+	}
+	if err := r.checkTargets(ctx); err != nil {
+		return err
+	}
+	if r.dryRun {
+		for _, d := range r.letters {
+			r.printLetter("would replay", d)
+		}
+		r.printSummary("dry run: would replay", len(r.letters), "")
+		return nil
+	}
+	w := &kafka.Writer{
+		Addr:         kafka.TCP(cfg.KafkaBrokers...),
+		Transport:    admin.transport,
+		Balancer:     &kafka.Hash{}, // the partition of the key, as the producers of the topics choose it
+		RequiredAcks: kafka.RequireAll,
+		BatchSize:    1,
+		BatchTimeout: time.Millisecond,
+	}
+	defer w.Close()
+	return r.write(ctx, w)
+}
+
+// replay puts the dead letters of one dead-letter topic back on their original topics.
+type replay struct {
+	dlqTopic string
+	suffix   string
+	reason   string // "" replays every reason
+	limit    int    // 0 replays every dead letter
+	dryRun   bool
+	out      io.Writer
+	logger   *slog.Logger
+	client   *kafka.Client
+
+	// letters are the dead letters to replay, in partition and offset order.
+	letters []*deadLetter
+	// skipped counts the dead letters not replayed, by their dlq-reason or by what is wrong with their
+	// dlq-original-topic, as printed.
+	skipped map[string]int
+	// limited is true when reading stopped at the limit.
+	limited bool
+}
+
+// deadLetter is one message of the dead-letter topic, ready to be replayed.
+type deadLetter struct {
+	partition int
+	offset    int64
+	reason    string
+	message   kafka.Message // for the original topic: key, value and headers less the dlq-* ones
+	// idempotencyKey is the key the worker will read, for the output; "" when it has none.
+	idempotencyKey string
+}
+
+// topicPartitions returns the partitions of topic in meta, sorted.
+func topicPartitions(meta *kafka.MetadataResponse, topic string) ([]int, error) {
+	for _, t := range meta.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.Error != nil {
+			if errors.Is(t.Error, kafka.UnknownTopicOrPartition) {
+				return nil, fmt.Errorf("DLQ_TOPIC: topic %q does not exist", topic)
+			}
+			return nil, fmt.Errorf("DLQ_TOPIC: topic %q: %w", topic, t.Error)
+		}
+		var ids []int
+		for _, p := range t.Partitions {
+			ids = append(ids, p.ID)
+		}
+		slices.Sort(ids)
+		return ids, nil
+	}
+	return nil, fmt.Errorf("DLQ_TOPIC: topic %q does not exist", topic)
+}
+
+// read reads every partition from its first offset to its end offset as of now, keeping the dead
+// letters to replay, until the limit. Nothing is written: a dead letter that would loop back into a
+// dead-letter topic is found before any is replayed.
+func (r *replay) read(ctx context.Context, partitions []int) error {
+	first, err := r.offsets(ctx, partitions, kafka.FirstOffsetOf)
+	if err != nil {
+		return err
+	}
+	end, err := r.offsets(ctx, partitions, kafka.LastOffsetOf)
+	if err != nil {
+		return err
+	}
+	for _, p := range partitions {
+		if err := r.readPartition(ctx, p, first[p], end[p]); err != nil || r.limited {
+			return err
+		}
+	}
+	return nil
+}
+
+// offsets asks for the first or the last offset of each partition (one request each: a broker may
+// refuse a request that names a partition twice).
+func (r *replay) offsets(ctx context.Context, partitions []int, which func(int) kafka.OffsetRequest) (map[int]int64, error) {
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for _, p := range partitions {
+		req.Topics[r.dlqTopic] = append(req.Topics[r.dlqTopic], which(p))
+	}
+	resp, err := r.client.ListOffsets(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("list the offsets of %s: %w", r.dlqTopic, err)
+	}
+	out := map[int]int64{}
+	for _, p := range resp.Topics[r.dlqTopic] {
+		if p.Error != nil {
+			return nil, fmt.Errorf("list the offsets of %s/%d: %w", r.dlqTopic, p.Partition, p.Error)
+		}
+		if which(p.Partition).Timestamp == kafka.FirstOffset {
+			out[p.Partition] = p.FirstOffset
+		} else {
+			out[p.Partition] = p.LastOffset
+		}
+	}
+	for _, p := range partitions {
+		if _, ok := out[p]; !ok {
+			return nil, fmt.Errorf("list the offsets of %s: no answer for partition %d", r.dlqTopic, p)
+		}
+	}
+	return out, nil
+}
+
+func (r *replay) readPartition(ctx context.Context, partition int, first, end int64) error {
+	for offset := first; offset < end; {
+		resp, err := r.client.Fetch(ctx, &kafka.FetchRequest{Topic: r.dlqTopic, Partition: partition,
+			Offset: offset, MinBytes: 1, MaxBytes: replayFetchMaxBytes, MaxWait: replayFetchMaxWait})
+		if err == nil {
+			err = resp.Error
+		}
+		if err != nil {
+			return fmt.Errorf("read %s/%d at offset %d: %w", r.dlqTopic, partition, offset, err)
+		}
+		from := offset
+		for offset < end {
+			rec, err := resp.Records.ReadRecord()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("read %s/%d at offset %d: %w", r.dlqTopic, partition, offset, err)
+			}
+			if rec.Offset < offset { // a batch may begin before the offset asked for
+				continue
+			}
+			if rec.Offset >= end {
+				offset = end
+				break
+			}
+			offset = rec.Offset + 1
+			if err := r.take(ctx, partition, rec); err != nil || r.limited {
+				return err
+			}
+		}
+		if offset == from {
+			return fmt.Errorf("read %s/%d: no message at offset %d, below the end offset %d", r.dlqTopic,
+				partition, offset, end)
+		}
+	}
+	return nil
+}
+
+// take keeps rec for replay if it matches the reason and names a topic to replay to.
+func (r *replay) take(ctx context.Context, partition int, rec *kafka.Record) error {
+	d := &deadLetter{partition: partition, offset: rec.Offset}
+	var target string
+	for _, h := range rec.Headers {
+		switch name := strings.ToLower(h.Key); {
+		case name == dlqReasonHeader:
+			d.reason = string(h.Value)
+		case name == dlqOriginalTopicHeader:
+			target = string(h.Value)
+		case !strings.HasPrefix(name, dlqHeaderPrefix):
+			d.message.Headers = append(d.message.Headers,
+				kafka.Header{Key: h.Key, Value: bytes.Clone(h.Value)})
+		}
+	}
+	if r.reason != "" && d.reason != r.reason {
+		r.skipped[displayedReason(d.reason)]++
+		return nil
+	}
+	log := r.logger.With(slog.String("dlq_topic", r.dlqTopic), slog.Int("partition", partition),
+		slog.Int64("offset", rec.Offset), slog.String("reason", d.reason))
+	switch {
+	case target == "":
+		r.skipped["(no dlq-original-topic)"]++
+		log.WarnContext(ctx, "skipped a dead letter without a dlq-original-topic header: where it came from is unknown")
+		return nil
+	case parseTopic(new(string), target) != nil:
+		r.skipped["(invalid dlq-original-topic)"]++
+		log.WarnContext(ctx, "skipped a dead letter whose dlq-original-topic is not a topic name",
+			slog.String("original_topic", strconv.Quote(target)))
+		return nil
+	case strings.HasSuffix(target, r.suffix):
+		return fmt.Errorf("%s/%d offset %d: its dlq-original-topic %q ends with DLQ_SUFFIX %q: refusing to replay "+
+			"into a dead-letter topic; nothing was replayed", r.dlqTopic, partition, rec.Offset, target, r.suffix)
+	}
+	key, err := protocol.ReadAll(rec.Key)
+	if err != nil {
+		return fmt.Errorf("read %s/%d offset %d: %w", r.dlqTopic, partition, rec.Offset, err)
+	}
+	value, err := protocol.ReadAll(rec.Value)
+	if err != nil {
+		return fmt.Errorf("read %s/%d offset %d: %w", r.dlqTopic, partition, rec.Offset, err)
+	}
+	d.message.Topic, d.message.Key, d.message.Value = target, key, value
+	d.idempotencyKey = displayedIdempotencyKey(d.message)
+	r.letters = append(r.letters, d)
+	r.limited = r.limit > 0 && len(r.letters) >= r.limit
+	return nil
+}
+
+// checkTargets fails when a topic to replay to does not exist: nothing is created, and nothing is
+// written to the other topics.
+func (r *replay) checkTargets(ctx context.Context) error {
+	counts := map[string]int{}
+	for _, d := range r.letters {
+		counts[d.message.Topic]++
+	}
+	if len(counts) == 0 {
+		return nil
+	}
+	targets := slices.Sorted(maps.Keys(counts))
+	meta, err := r.client.Metadata(ctx, &kafka.MetadataRequest{Topics: targets})
+	if err != nil {
+		return fmt.Errorf("look up the topics to replay to: %w", err)
+	}
+	present := map[string]bool{}
+	for _, t := range meta.Topics {
+		if t.Error == nil && len(t.Partitions) > 0 {
+			present[t.Name] = true
+		}
+	}
+	for _, t := range targets {
+		if !present[t] {
+			return fmt.Errorf("topic %q, the dlq-original-topic of %d dead letter(s), does not exist; nothing was replayed",
+				t, counts[t])
+		}
+	}
+	return nil
+}
+
+// write produces the dead letters one at a time, each acknowledged before the next is written and
+// printed, so that what is printed is what was replayed.
+func (r *replay) write(ctx context.Context, w *kafka.Writer) error {
+	for i, d := range r.letters {
+		if err := w.WriteMessages(ctx, d.message); err != nil {
+			if ctx.Err() != nil {
+				r.printSummary("interrupted: replayed", i, "")
+				return ctx.Err()
+			}
+			r.printSummary("replayed", i, fmt.Sprintf("; failed at %s/%d offset %d", r.dlqTopic, d.partition, d.offset))
+			return fmt.Errorf("replay %s/%d offset %d to %s: %w (%d of %d replayed before it; it may or may not "+
+				"have been written)", r.dlqTopic, d.partition, d.offset, d.message.Topic, err, i, len(r.letters))
+		}
+		r.printLetter("replayed", d)
+	}
+	r.printSummary("replayed", len(r.letters), "")
+	return nil
+}
+
+func (r *replay) printLetter(verb string, d *deadLetter) {
+	key := "(none)"
+	if d.idempotencyKey != "" {
+		key = displayed(d.idempotencyKey)
+	}
+	fmt.Fprintf(r.out, "%s %s partition=%d offset=%d reason=%s to=%s key=%s\n", verb, r.dlqTopic,
+		d.partition, d.offset, displayedReason(d.reason), d.message.Topic, key)
+}
+
+// printSummary prints how many dead letters were replayed and how many skipped, by reason.
+func (r *replay) printSummary(verb string, replayed int, note string) {
+	total := 0
+	var parts []string
+	for _, label := range slices.Sorted(maps.Keys(r.skipped)) {
+		total += r.skipped[label]
+		parts = append(parts, fmt.Sprintf("%s %d", label, r.skipped[label]))
+	}
+	skipped := strconv.Itoa(total)
+	if total > 0 {
+		skipped += " (" + strings.Join(parts, ", ") + ")"
+	}
+	if r.limited {
+		note = fmt.Sprintf("; stopped at --limit %d", r.limit) + note
+	}
+	fmt.Fprintf(r.out, "%s %d, skipped %s from %s%s\n", verb, replayed, skipped, r.dlqTopic, note)
+}
+
+func displayedReason(reason string) string {
+	if reason == "" {
+		return "(no dlq-reason)"
+	}
+	return displayed(reason)
+}
+
+// plainToken is what displayed prints unquoted.
+var plainToken = regexp.MustCompile(`^[A-Za-z0-9._:/-]+$`)
+
+// displayed is a header value for one line of output: cut to maxDisplayed bytes, and quoted unless
+// it is a plain token (a header may hold anything, line breaks included).
+func displayed(s string) string {
+	if len(s) > maxDisplayed {
+		n := maxDisplayed
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
+		s = s[:n] + "..."
+	}
+	if plainToken.MatchString(s) {
+		return s
+	}
+	return strconv.Quote(s)
+}
+
+// displayedIdempotencyKey is the idempotency key the worker reads from m, as the contract defines it:
+// the header Idempotency-Key, else the header X-Idempotent-Key, else the JSON field event_id; "" when
+// there is none. It is for the output only: the worker checks the key itself. It never falls back to
+// the Kafka message key, which for an SMS is a phone number.
+func displayedIdempotencyKey(m kafka.Message) string {
+	for _, name := range []string{"Idempotency-Key", "X-Idempotent-Key"} {
+		for _, h := range m.Headers {
+			if strings.EqualFold(h.Key, name) {
+				return string(h.Value)
+			}
+		}
+	}
+	var body struct {
+		EventID *string `json:"event_id"`
+	}
+	if json.Unmarshal(m.Value, &body) != nil || body.EventID == nil {
+		return ""
+	}
+	return *body.EventID
+}

@@ -1,0 +1,436 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxworker/inboxworker/internal/kafkatest"
+)
+
+const (
+	replayPayments = "payments.callbacks"
+	replaySMS      = "notifications.sms"
+	replayV2       = "payments.callbacks.v2" // a topic only a dead letter's header names
+	replayDLQ      = "payments.callbacks.dlq"
+	replaySMSDLQ   = "notifications.sms.dlq"
+)
+
+// replayCluster is a broker with the worker's topics, two partitions each.
+type replayCluster struct {
+	*kafkatest.Cluster
+	t *testing.T
+}
+
+func setupReplay(t *testing.T) *replayCluster {
+	t.Helper()
+	return &replayCluster{Cluster: kafkatest.Start(t, 2, replayPayments, replaySMS, replayV2, replayDLQ, replaySMSDLQ), t: t}
+}
+
+// deadLetter writes msgs to partition 0 of topic, whatever their key, as a dead-letter topic may hold
+// them: the replay must choose the target partition by key, not copy the dead letter's.
+func (c *replayCluster) deadLetter(topic string, msgs ...kafka.Message) {
+	c.t.Helper()
+	transport := &kafka.Transport{}
+	defer transport.CloseIdleConnections()
+	w := &kafka.Writer{Addr: kafka.TCP(c.Addr), Transport: transport, Topic: topic,
+		Balancer:     kafka.BalancerFunc(func(kafka.Message, ...int) int { return 0 }),
+		RequiredAcks: kafka.RequireAll, BatchSize: len(msgs), BatchTimeout: time.Millisecond}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		c.t.Fatalf("write dead letters to %s: %v", topic, err)
+	}
+}
+
+// read returns every message of topic, partition 0 first.
+func (c *replayCluster) read(topic string) []kafka.Message {
+	c.t.Helper()
+	return append(c.ReadAll(c.t, topic, 0), c.ReadAll(c.t, topic, 1)...)
+}
+
+// replay runs `worker replay` in-process against the cluster.
+func (c *replayCluster) replay(args ...string) result {
+	c.t.Helper()
+	env := map[string]string{"KAFKA_BROKERS": c.Addr, "STARTUP_TIMEOUT": "5s", "LOG_FORMAT": "text"}
+	r := runMain(c.t, env, append([]string{"replay"}, args...)...)
+	c.t.Logf("worker replay %s: exit %d\nstdout:\n%sstderr:\n%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	return r
+}
+
+// dead makes msg a dead letter of originalTopic ("" for none), as the consumer writes it: its own
+// headers, then the dlq-* ones.
+func dead(msg kafka.Message, reason, originalTopic string) kafka.Message {
+	h := slices.Clone(msg.Headers)
+	h = append(h, kafka.Header{Key: "dlq-reason", Value: []byte(reason)},
+		kafka.Header{Key: "dlq-error", Value: []byte("order not found")})
+	if originalTopic != "" {
+		h = append(h, kafka.Header{Key: "dlq-original-topic", Value: []byte(originalTopic)})
+	}
+	h = append(h, kafka.Header{Key: "dlq-original-partition", Value: []byte("1")},
+		kafka.Header{Key: "dlq-original-offset", Value: []byte("42")},
+		kafka.Header{Key: "dlq-attempts", Value: []byte("7")},
+		kafka.Header{Key: "dlq-failed-at", Value: []byte("2025-06-01T12:00:00Z")})
+	msg.Headers = h
+	return msg
+}
+
+func callback(eventID, orderNo string, headers ...string) kafka.Message {
+	m := kafka.Message{Key: []byte(orderNo),
+		Value: fmt.Appendf(nil, `{"event_id":%q,"order_no":%q,"provider":"wechat","provider_txn_id":"T-%s",`+
+			`"amount":"10.00","currency":"CNY","result":"SUCCESS","paid_at":"2025-06-01T12:00:00Z"}`, eventID, orderNo, orderNo)}
+	for i := 0; i+1 < len(headers); i += 2 {
+		m.Headers = append(m.Headers, kafka.Header{Key: headers[i], Value: []byte(headers[i+1])})
+	}
+	return m
+}
+
+// keys returns the Kafka keys of msgs, sorted.
+func keys(msgs []kafka.Message) []string {
+	var out []string
+	for _, m := range msgs {
+		out = append(out, string(m.Key))
+	}
+	slices.Sort(out)
+	return out
+}
+
+func hashPartition(key []byte) int {
+	return (&kafka.Hash{}).Balance(kafka.Message{Key: key}, 0, 1)
+}
+
+func TestReplay(t *testing.T) {
+	t.Parallel()
+
+	t.Run("KeepsKeyValueAndHeaders", func(t *testing.T) {
+		t.Parallel()
+		c := setupReplay(t)
+		var originals []kafka.Message
+		for i := range 4 {
+			orderNo := fmt.Sprintf("A-%d", i)
+			originals = append(originals, callback("evt-"+orderNo, orderNo,
+				"Idempotency-Key", "cb-"+orderNo, "traceparent", "00-trace-"+orderNo))
+		}
+		if !slices.ContainsFunc(originals, func(m kafka.Message) bool { return hashPartition(m.Key) != 0 }) {
+			t.Fatal("every key hashes to partition 0: the test could not tell hashing from copying the partition")
+		}
+		var letters []kafka.Message
+		for _, m := range originals {
+			letters = append(letters, dead(m, "unknown_order", replayPayments))
+		}
+		c.deadLetter(replayDLQ, letters...)
+
+		r := c.replay(replayDLQ)
+		if r.code != 0 {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		got := c.read(replayPayments)
+		if len(got) != len(originals) {
+			t.Fatalf("%d messages on %s, want %d", len(got), replayPayments, len(originals))
+		}
+		for _, want := range originals {
+			i := slices.IndexFunc(got, func(m kafka.Message) bool { return string(m.Key) == string(want.Key) })
+			if i < 0 {
+				t.Errorf("key %s was not replayed", want.Key)
+				continue
+			}
+			m := got[i]
+			if string(m.Value) != string(want.Value) {
+				t.Errorf("%s: value %s, want %s", want.Key, m.Value, want.Value)
+			}
+			if fmt.Sprint(headerList(m.Headers)) != fmt.Sprint(headerList(want.Headers)) {
+				t.Errorf("%s: headers %v, want %v", want.Key, headerList(m.Headers), headerList(want.Headers))
+			}
+			if p := hashPartition(want.Key); m.Partition != p {
+				t.Errorf("%s: replayed to partition %d, want %d (the key's)", want.Key, m.Partition, p)
+			}
+		}
+		for i, m := range originals {
+			line := fmt.Sprintf("replayed %s partition=0 offset=%d reason=unknown_order to=%s key=cb-%s\n",
+				replayDLQ, i, replayPayments, m.Key)
+			if !strings.Contains(r.stdout, line) {
+				t.Errorf("stdout lacks %q", line)
+			}
+		}
+		if !strings.HasSuffix(r.stdout, "\nreplayed 4, skipped 0 from "+replayDLQ+"\n") {
+			t.Errorf("stdout does not end with the summary:\n%s", r.stdout)
+		}
+		// The dead letters stay: Kafka topics are append-only.
+		if n := len(c.read(replayDLQ)); n != len(letters) {
+			t.Errorf("%d dead letters left, want all %d", n, len(letters))
+		}
+	})
+
+	t.Run("TargetFromHeader", func(t *testing.T) {
+		t.Parallel()
+		c := setupReplay(t)
+		c.deadLetter(replayDLQ, dead(callback("evt-1", "B-1"), "unknown_order", replayV2))
+		if r := c.replay(replayDLQ); r.code != 0 {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		if got := keys(c.read(replayV2)); !slices.Equal(got, []string{"B-1"}) {
+			t.Errorf("%s holds %v, want the dead letter B-1", replayV2, got)
+		}
+		if got := c.read(replayPayments); len(got) != 0 {
+			t.Errorf("%s holds %v, want nothing: the header names %s", replayPayments, keys(got), replayV2)
+		}
+	})
+
+	t.Run("ReasonFilter", func(t *testing.T) {
+		t.Parallel()
+		c := setupReplay(t)
+		noReason := callback("evt-4", "C-4")
+		noReason.Headers = []kafka.Header{{Key: "dlq-original-topic", Value: []byte(replayPayments)}}
+		c.deadLetter(replayDLQ,
+			dead(callback("evt-1", "C-1"), "unknown_order", replayPayments),
+			dead(callback("evt-2", "C-2"), "invalid_payload", replayPayments),
+			dead(callback("evt-3", "C-3"), "unknown_order", replayPayments),
+			noReason,
+		)
+		r := c.replay(replayDLQ, "--reason", "unknown_order")
+		if r.code != 0 {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		if got := keys(c.read(replayPayments)); !slices.Equal(got, []string{"C-1", "C-3"}) {
+			t.Errorf("replayed %v, want the unknown_order ones C-1 and C-3", got)
+		}
+		want := "replayed 2, skipped 2 ((no dlq-reason) 1, invalid_payload 1) from " + replayDLQ + "\n"
+		if !strings.HasSuffix(r.stdout, want) {
+			t.Errorf("summary: want %q in\n%s", want, r.stdout)
+		}
+	})
+
+	t.Run("DryRunWritesNothing", func(t *testing.T) {
+		t.Parallel()
+		c := setupReplay(t)
+		c.deadLetter(replayDLQ,
+			dead(callback("evt-1", "D-1"), "unknown_order", replayPayments),
+			dead(callback("evt-2", "D-2"), "invalid_payload", replayPayments))
+		r := c.replay(replayDLQ, "--dry-run", "--reason=unknown_order")
+		if r.code != 0 {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		if got := c.read(replayPayments); len(got) != 0 {
+			t.Errorf("a dry run wrote %v to %s", keys(got), replayPayments)
+		}
+		want := fmt.Sprintf("would replay %s partition=0 offset=0 reason=unknown_order to=%s key=evt-1\n"+
+			"dry run: would replay 1, skipped 1 (invalid_payload 1) from %s\n", replayDLQ, replayPayments, replayDLQ)
+		if r.stdout != want {
+			t.Errorf("stdout:\n%s\nwant:\n%s", r.stdout, want)
+		}
+	})
+
+	t.Run("MissingOriginalTopicSkipped", func(t *testing.T) {
+		t.Parallel()
+		c := setupReplay(t)
+		c.deadLetter(replayDLQ,
+			dead(callback("evt-1", "E-1"), "unknown_order", ""),
+			dead(callback("evt-2", "E-2"), "unknown_order", replayPayments))
+		r := c.replay(replayDLQ)
+		if r.code != 0 {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		if got := keys(c.read(replayPayments)); !slices.Equal(got, []string{"E-2"}) {
+			t.Errorf("replayed %v, want only E-2", got)
+		}
+		for _, topic := range []string{replayV2, replaySMS} {
+			if got := c.read(topic); len(got) != 0 {
+				t.Errorf("the dead letter without dlq-original-topic went to %s", topic)
+			}
+		}
+		if !strings.Contains(r.stderr, "level=WARN") || !strings.Contains(r.stderr, "dlq-original-topic") {
+			t.Errorf("no warning about the skipped dead letter:\n%s", r.stderr)
+		}
+		if want := "replayed 1, skipped 1 ((no dlq-original-topic) 1) from " + replayDLQ + "\n"; !strings.HasSuffix(r.stdout, want) {
+			t.Errorf("summary: want %q in\n%s", want, r.stdout)
+		}
+	})
+
+	t.Run("Limit", func(t *testing.T) {
+		t.Parallel()
+		c := setupReplay(t)
+		c.deadLetter(replayDLQ,
+			dead(callback("evt-1", "F-1"), "unknown_order", replayPayments),
+			dead(callback("evt-2", "F-2"), "unknown_order", replayPayments),
+			dead(callback("evt-3", "F-3"), "unknown_order", replayPayments))
+		r := c.replay(replayDLQ, "--limit", "2")
+		if r.code != 0 {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		if got := keys(c.read(replayPayments)); !slices.Equal(got, []string{"F-1", "F-2"}) {
+			t.Errorf("replayed %v, want the first two", got)
+		}
+		if want := "replayed 2, skipped 0 from " + replayDLQ + "; stopped at --limit 2\n"; !strings.HasSuffix(r.stdout, want) {
+			t.Errorf("summary: want %q in\n%s", want, r.stdout)
+		}
+	})
+
+	t.Run("EmptyTopic", func(t *testing.T) {
+		t.Parallel()
+		c := setupReplay(t)
+		r := c.replay(replayDLQ)
+		if r.code != 0 || r.stdout != "replayed 0, skipped 0 from "+replayDLQ+"\n" {
+			t.Errorf("exit %d, stdout %q", r.code, r.stdout)
+		}
+	})
+
+	// The output names the idempotency key the worker will read, and never the Kafka key of an SMS,
+	// which is a phone number.
+	t.Run("OutputShowsIdempotencyKey", func(t *testing.T) {
+		t.Parallel()
+		c := setupReplay(t)
+		phone := "+8613800138000"
+		c.deadLetter(replaySMSDLQ,
+			dead(kafka.Message{Key: []byte(phone), Value: []byte(`{"event_id":"sms-1","phone":"` + phone + `"}`)},
+				"provider_rejected", replaySMS),
+			dead(kafka.Message{Key: []byte(phone), Value: []byte(`{"event_id":"sms-2"}`),
+				Headers: []kafka.Header{{Key: "x-idempotent-key", Value: []byte("sms-hdr-2")}}}, "provider_rejected", replaySMS),
+			dead(kafka.Message{Key: []byte(phone), Value: []byte(`{"phone":"` + phone + `"}`),
+				Headers: []kafka.Header{{Key: "Idempotency-Key", Value: []byte("two\nlines")}}}, "provider_rejected", replaySMS),
+			dead(kafka.Message{Key: []byte(phone), Value: []byte(`not json`)}, "invalid_payload", replaySMS),
+		)
+		r := c.replay(replaySMSDLQ)
+		if r.code != 0 {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		for i, tail := range []string{"reason=provider_rejected to=notifications.sms key=sms-1",
+			"reason=provider_rejected to=notifications.sms key=sms-hdr-2",
+			`reason=provider_rejected to=notifications.sms key="two\nlines"`,
+			"reason=invalid_payload to=notifications.sms key=(none)"} {
+			line := fmt.Sprintf("replayed %s partition=0 offset=%d %s\n", replaySMSDLQ, i, tail)
+			if !strings.Contains(r.stdout, line) {
+				t.Errorf("stdout lacks %q", line)
+			}
+		}
+		if strings.Contains(r.stdout+r.stderr, "13800138000") {
+			t.Errorf("the phone number is in the output:\n%s%s", r.stdout, r.stderr)
+		}
+		if n := len(c.read(replaySMS)); n != 4 {
+			t.Errorf("%d messages replayed to %s, want 4", n, replaySMS)
+		}
+	})
+}
+
+// TestReplayRefuses checks the errors that stop a replay before anything is written: exit 1 and one
+// line naming the problem.
+func TestReplayRefuses(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		letters []kafka.Message // written to replayDLQ first
+		args    []string
+		want    string // the last line of stderr
+	}{
+		{
+			name: "LoopIntoDeadLetterTopic",
+			letters: []kafka.Message{
+				dead(callback("evt-1", "G-1"), "unknown_order", replayPayments),
+				dead(callback("evt-2", "G-2"), "unknown_order", replaySMSDLQ),
+			},
+			args: []string{replayDLQ},
+			want: `worker: ` + replayDLQ + `/0 offset 1: its dlq-original-topic "notifications.sms.dlq" ends with ` +
+				`DLQ_SUFFIX ".dlq": refusing to replay into a dead-letter topic; nothing was replayed`,
+		},
+		{
+			name:    "TargetTopicMissing",
+			letters: []kafka.Message{dead(callback("evt-1", "G-1"), "unknown_order", "payments.old")},
+			args:    []string{replayDLQ},
+			want:    `worker: topic "payments.old", the dlq-original-topic of 1 dead letter(s), does not exist; nothing was replayed`,
+		},
+		{
+			name: "DLQTopicMissing",
+			args: []string{"orders.dlq"},
+			want: `worker: DLQ_TOPIC: topic "orders.dlq" does not exist`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := setupReplay(t)
+			if len(tt.letters) > 0 {
+				c.deadLetter(replayDLQ, tt.letters...)
+			}
+			r := c.replay(tt.args...)
+			lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+			if r.code != 1 || lines[len(lines)-1] != tt.want {
+				t.Errorf("exit %d, last line %q; want exit 1 and %q", r.code, lines[len(lines)-1], tt.want)
+			}
+			for _, topic := range []string{replayPayments, replaySMS, replayV2, replaySMSDLQ} {
+				if got := c.read(topic); len(got) != 0 {
+					t.Errorf("wrote %v to %s", keys(got), topic)
+				}
+			}
+		})
+	}
+}
+
+// TestReplayArgumentErrors checks the errors found before Kafka is reached: exit 1 and one line.
+func TestReplayArgumentErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"NoTopic", nil, []string{"replay"},
+			`worker: missing DLQ_TOPIC, the dead-letter topic to replay (see worker replay --help)`},
+		{"NotADeadLetterTopic", nil, []string{"replay", "payments.callbacks"},
+			`worker: DLQ_TOPIC: "payments.callbacks" is not a dead-letter topic: it does not end with DLQ_SUFFIX ".dlq"`},
+		{"OtherSuffix", map[string]string{"DLQ_SUFFIX": ".dead"}, []string{"replay", "payments.callbacks.dlq"},
+			`worker: DLQ_TOPIC: "payments.callbacks.dlq" is not a dead-letter topic: it does not end with DLQ_SUFFIX ".dead"`},
+		{"BadTopicName", nil, []string{"replay", "payments callbacks.dlq"},
+			`worker: DLQ_TOPIC: invalid topic name "payments callbacks.dlq" (letters, digits, '.', '_' and '-', at most 249)`},
+		{"TwoTopics", nil, []string{"replay", "a.dlq", "b.dlq"},
+			`worker: unexpected argument "b.dlq" (see worker replay --help)`},
+		{"BadLimit", nil, []string{"replay", "a.dlq", "--limit", "0"},
+			`worker: --limit: must be a positive number, got "0"`},
+		{"LimitNotANumber", nil, []string{"replay", "a.dlq", "--limit=all"},
+			`worker: --limit: must be a positive number, got "all"`},
+		{"FlagOfAnotherCommand", nil, []string{"replay", "a.dlq", "--database-url=postgres://db/x"},
+			`worker: unknown flag --database-url (see worker replay --help)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := runMain(t, tt.env, tt.args...)
+			if r.code != 1 || r.stdout != "" || r.stderr != tt.want+"\n" {
+				t.Errorf("got exit %d, stdout %q, stderr %q; want exit 1 and stderr %q", r.code, r.stdout, r.stderr, tt.want)
+			}
+		})
+	}
+}
+
+func TestReplayHelp(t *testing.T) {
+	t.Parallel()
+	r := runMain(t, nil, "replay", "--help")
+	if r.code != 0 {
+		t.Fatalf("exit %d", r.code)
+	}
+	for _, want := range []string{"Usage: worker replay [flags] DLQ_TOPIC", "--dry-run", "--reason REASON",
+		"--limit N", "--kafka-brokers LIST", "--dlq-suffix SUFFIX", "replaying twice puts a message back"} {
+		if !strings.Contains(strings.Join(strings.Fields(r.stdout), " "), want) {
+			t.Errorf("worker replay --help lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	for _, unwanted := range []string{"--database-url", "--kafka-group-id"} {
+		if strings.Contains(r.stdout, unwanted) {
+			t.Errorf("worker replay --help offers %s, which it does not use", unwanted)
+		}
+	}
+}
+
+// headerList is headers as "key=value" strings, in order.
+func headerList(headers []kafka.Header) []string {
+	var out []string
+	for _, h := range headers {
+		out = append(out, h.Key+"="+string(h.Value))
+	}
+	return out
+}
