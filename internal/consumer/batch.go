@@ -24,8 +24,9 @@ import (
 //   - A run of messages with valid keys is claimed and applied in one transaction
 //     (inbox.Store.ProcessBatch), and its key-reused messages dead-lettered after the commit.
 //   - When the handler fails on one message, the transaction rolls back; the messages before it are
-//     applied again in one transaction, the failed one goes on through the per-message path from
-//     that failed attempt (retries, dead-lettering), and the rest of the run is a new batch.
+//     applied again in one transaction, the failed one goes on through the per-message path
+//     (retries, dead-lettering), its run in the batch counted as an attempt, and the rest of the
+//     run is a new batch.
 //   - A failure no one message is to blame for (a database outage, a failed commit, a panic in
 //     HandleBatch) sends the rest of the run through the per-message path, which waits out
 //     outages and finds the culprit.
@@ -108,15 +109,23 @@ func (p *partition) applyTogether(ctx context.Context, h BatchHandler, msgs []ka
 			return n, false
 		}
 	}
-	if p.finishMessage(ctx, msgs[t], tried{runs: runs[t], began: began, err: failed.Err}) != nil {
+	// A retryable failure goes on from that failed attempt, with a backoff and a retry alone. A
+	// permanent one is confirmed by a run alone before the message is dead-lettered: a batch may
+	// fail on a message for a reason that is not that message's own.
+	prior := tried{runs: runs[t], began: began}
+	if kind, _, _ := fault.Classify(failed.Err); kind == fault.KindRetryable {
+		prior.err = failed.Err
+	}
+	if p.finishMessage(ctx, msgs[t], prior) != nil {
 		return t, false
 	}
 	return t + 1, true
 }
 
 // tryTogether claims msgs and runs the handler on the claimed ones in one inbox transaction, under
-// a context bounded by AttemptTimeout. It reports whether HandleBatch panicked: the panic rolls the
-// transaction back, and is no one message's failure.
+// a context bounded by AttemptTimeout, and counts the runs of their handler in runs: up to the
+// message the batch failed on, if it did. It reports whether HandleBatch panicked: the panic rolls
+// the transaction back, and is no one message's failure.
 func (p *partition) tryTogether(ctx context.Context, h BatchHandler, msgs []kafka.Message, keys []string, runs []int) (outcomes []inbox.Outcome, panicked bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.c.config.AttemptTimeout)
 	defer cancel()
@@ -124,11 +133,12 @@ func (p *partition) tryTogether(ctx context.Context, h BatchHandler, msgs []kafk
 	for i, m := range msgs {
 		batch[i] = p.inboxMessage(m, keys[i])
 	}
+	var ran []int // the claimed messages, given to the handler
 	outcomes, err = p.c.config.Store.ProcessBatch(ctx, batch, func(ctx context.Context, tx pgx.Tx, claimed []int) (results []error) {
+		ran = claimed
 		ds := make([]inbox.Delivery, len(claimed))
 		for j, i := range claimed {
-			runs[i]++
-			ds[j] = inbox.Delivery{Key: keys[i], Value: msgs[i].Value, Attempt: runs[i]}
+			ds[j] = inbox.Delivery{Key: keys[i], Value: msgs[i].Value, Attempt: runs[i] + 1}
 		}
 		defer func() {
 			if r := recover(); r != nil {
@@ -142,6 +152,13 @@ func (p *partition) tryTogether(ctx context.Context, h BatchHandler, msgs []kafk
 		}()
 		return h.HandleBatch(ctx, tx, ds)
 	})
+	var failed *inbox.BatchError
+	for _, i := range ran {
+		if errors.As(err, &failed) && !panicked && i > failed.Index {
+			break // the handler stopped at the failure
+		}
+		runs[i]++
+	}
 	return outcomes, panicked, err
 }
 

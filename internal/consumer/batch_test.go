@@ -117,7 +117,7 @@ func TestBatchFailure(t *testing.T) {
 			fail:         func(int) error { return fault.Permanent(fault.InvalidPayload, errBoom) },
 			wantReason:   fault.InvalidPayload,
 			wantError:    "boom",
-			wantAttempts: "1", // its failure in the batch is final
+			wantAttempts: "2", // in the batch, then alone to confirm
 		},
 		{
 			name:         "Panic",

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -103,9 +104,10 @@ func testDeadLetterTopicUnavailable(t *testing.T, mode consumer.Transactions) {
 		t.Fatal(err)
 	}
 	attempted := make(chan struct{})
+	var once sync.Once // a batch's permanent failure is confirmed by a second run
 	config := e.config(&recorder{fail: func(d inbox.Delivery) error {
 		if d.Key == "bad" {
-			close(attempted)
+			once.Do(func() { close(attempted) })
 			return fault.Permanent(fault.InvalidPayload, errors.New("bad payload"))
 		}
 		return nil

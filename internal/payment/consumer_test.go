@@ -34,11 +34,30 @@ func (h *createOnRetry) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery)
 	return h.handler.Handle(ctx, tx, d)
 }
 
+func (h *createOnRetry) HandleBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery) []error {
+	for _, d := range ds {
+		if d.Key == h.key && d.Attempt == 2 {
+			h.create()
+		}
+	}
+	return h.handler.HandleBatch(ctx, tx, ds)
+}
+
 // TestThroughConsumer runs a stream of callbacks with redeliveries (the same message again, and the
 // provider's resend under a new key) for every case of the contract through the consumer on a Kafka
-// broker, and checks the final state of the orders, the dead-letter topic and the outcomes.
+// broker, and checks the final state of the orders, the dead-letter topic and the outcomes; with a
+// transaction per message, and per batch.
 func TestThroughConsumer(t *testing.T) {
 	t.Parallel()
+	for name, mode := range map[string]consumer.Transactions{"PerMessage": consumer.PerMessage, "PerBatch": consumer.PerBatch} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testThroughConsumer(t, mode)
+		})
+	}
+}
+
+func testThroughConsumer(t *testing.T, mode consumer.Transactions) {
 	const topic, dlqTopic, partitions = "payments.callbacks", "payments.callbacks.dlq", 2
 	e := setup(t)
 	broker := kafkatest.Start(t, partitions, topic, dlqTopic)
@@ -108,6 +127,7 @@ func TestThroughConsumer(t *testing.T) {
 			MaxInterval:     20 * time.Millisecond,
 			MaxElapsed:      300 * time.Millisecond,
 		},
+		Transactions:    mode,
 		ShutdownTimeout: 5 * time.Second,
 		LagInterval:     50 * time.Millisecond,
 		Pool:            e.pool,

@@ -23,6 +23,10 @@
 //     refused (invalid_payload, naming provider_txn_id) for a person to look at.
 //   - An unknown order is retryable with reason unknown_order, whatever the result.
 //
+// Handler.HandleBatch applies a batch of callbacks in one transaction with the same results: the
+// common case, a SUCCESS that pays a PENDING order, for the whole batch in one statement, and every
+// other callback as Handle does, in order.
+//
 // payment does not retry, dead-letter, count or know Kafka: it returns nil (applied),
 // inbox.ErrAlreadyApplied (duplicate) or an error classified with package fault, and its caller does
 // the rest. It does not create, cancel or refund orders; it does not check currencies against the
@@ -85,8 +89,14 @@ func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error
 	if err != nil {
 		return err
 	}
-	a := &application{tx: tx, cb: cb, key: d.Key}
+	return h.apply(ctx, tx, d.Key, cb)
+}
+
+// apply applies the decoded callback cb, whose idempotency key is key, through tx.
+func (h *Handler) apply(ctx context.Context, tx pgx.Tx, key string, cb Callback) error {
+	a := &application{tx: tx, cb: cb, key: key}
 	var effect string
+	var err error
 	if cb.Result == Success {
 		effect, err = a.success(ctx)
 	} else {
@@ -96,7 +106,7 @@ func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error
 	attrs := []slog.Attr{
 		slog.String("order_no", cb.OrderNo), slog.String("provider", cb.Provider),
 		slog.String("provider_txn_id", cb.ProviderTxnID), slog.String("result", string(cb.Result)),
-		slog.String("idempotency_key", d.Key),
+		slog.String("idempotency_key", key),
 	}
 	switch {
 	case errors.Is(err, inbox.ErrAlreadyApplied):

@@ -197,142 +197,154 @@ func callback(t testing.TB, changes map[string]any) []byte {
 	return callbackJSON(t, fields)
 }
 
+// step is one callback of a contract case: its key, its changes to callback's defaults, and the
+// outcome it must have.
+type step struct {
+	key     string
+	changes map[string]any
+	want    inbox.Outcome
+}
+
+// contractCase is a case of the contract's table of effects, or of the cases it leaves open: the
+// callbacks delivered for order ORD-1 (99.90 CNY) in the given status, and the state they leave.
+type contractCase struct {
+	name  string
+	order string // status of ORD-1 (99.90 CNY) before the steps
+	steps []step
+	want  state
+}
+
+var (
+	failed = map[string]any{"result": "FAILED"}
+	paid   = "PAID by T1 at " + paidAt
+)
+
+var contractCases = []contractCase{
+	{
+		name:  "PendingSuccessPays",
+		order: "PENDING",
+		steps: []step{{"k1", nil, inbox.Applied}},
+		want:  state{Order: paid, Payments: []string{"alipay/T1 SUCCESS 99.90 CNY key=k1"}},
+	},
+	{
+		name:  "PendingFailedRecordsPayment",
+		order: "PENDING",
+		steps: []step{{"k1", failed, inbox.Applied}},
+		want:  state{Order: "PENDING", Payments: []string{"alipay/T1 FAILED 99.90 CNY key=k1"}},
+	},
+	{
+		name:  "PendingAmountDiffers",
+		order: "PENDING",
+		steps: []step{{"k1", map[string]any{"amount": "9.99"}, inbox.Applied}},
+		want: state{Order: "PENDING", Anomalies: []string{
+			"alipay/T1 amount_mismatch expected=99.90 CNY received=9.99 CNY key=k1"}},
+	},
+	{
+		name:  "PendingCurrencyDiffers",
+		order: "PENDING",
+		steps: []step{{"k1", map[string]any{"currency": "USD"}, inbox.Applied}},
+		want: state{Order: "PENDING", Anomalies: []string{
+			"alipay/T1 amount_mismatch expected=99.90 CNY received=99.90 USD key=k1"}},
+	},
+	{
+		name:  "PaidBySameTransactionSuccess",
+		order: "PENDING",
+		steps: []step{{"k1", nil, inbox.Applied}, {"k2", nil, inbox.Duplicate}},
+		want:  state{Order: paid, Payments: []string{"alipay/T1 SUCCESS 99.90 CNY key=k1"}},
+	},
+	{
+		name:  "PaidBySameTransactionFailed",
+		order: "PENDING",
+		steps: []step{{"k1", nil, inbox.Applied}, {"k2", failed, inbox.Duplicate}},
+		want:  state{Order: paid, Payments: []string{"alipay/T1 SUCCESS 99.90 CNY key=k1"}},
+	},
+	{
+		name:  "PaidByOtherTransaction",
+		order: "PENDING",
+		steps: []step{{"k1", nil, inbox.Applied}, {"k2", map[string]any{"provider_txn_id": "T2"}, inbox.Applied}},
+		want: state{Order: paid, Payments: []string{"alipay/T1 SUCCESS 99.90 CNY key=k1"}, Anomalies: []string{
+			"alipay/T2 duplicate_payment expected=99.90 CNY received=99.90 CNY key=k2 previous=alipay/T1"}},
+	},
+	{
+		name:  "PaidBySameTransactionIDOfOtherProvider",
+		order: "PENDING",
+		steps: []step{{"k1", nil, inbox.Applied}, {"k2", map[string]any{"provider": "wechat"}, inbox.Applied}},
+		want: state{Order: paid, Payments: []string{"alipay/T1 SUCCESS 99.90 CNY key=k1"}, Anomalies: []string{
+			"wechat/T1 duplicate_payment expected=99.90 CNY received=99.90 CNY key=k2 previous=alipay/T1"}},
+	},
+	{
+		name:  "PaidOutsideTheWorker",
+		order: "PAID",
+		steps: []step{{"k1", nil, inbox.Applied}},
+		want: state{Order: "PAID", Anomalies: []string{
+			"alipay/T1 duplicate_payment expected=99.90 CNY received=99.90 CNY key=k1"}},
+	},
+	{
+		name:  "CancelledSuccess",
+		order: "CANCELLED",
+		steps: []step{{"k1", nil, inbox.Applied}},
+		want: state{Order: "CANCELLED", Anomalies: []string{
+			"alipay/T1 paid_after_cancel expected=99.90 CNY received=99.90 CNY key=k1"}},
+	},
+	// Cases the contract leaves open (see the package comment).
+	{
+		name:  "PaidByOtherTransactionFailed",
+		order: "PENDING",
+		steps: []step{{"k1", nil, inbox.Applied},
+			{"k2", map[string]any{"provider_txn_id": "T2", "result": "FAILED"}, inbox.Applied}},
+		want: state{Order: paid, Payments: []string{
+			"alipay/T1 SUCCESS 99.90 CNY key=k1", "alipay/T2 FAILED 99.90 CNY key=k2"}},
+	},
+	{
+		name:  "CancelledFailed",
+		order: "CANCELLED",
+		steps: []step{{"k1", failed, inbox.Applied}},
+		want:  state{Order: "CANCELLED", Payments: []string{"alipay/T1 FAILED 99.90 CNY key=k1"}},
+	},
+	{
+		name:  "PendingFailedTwiceUnderNewKey",
+		order: "PENDING",
+		steps: []step{{"k1", failed, inbox.Applied}, {"k2", failed, inbox.Duplicate}},
+		want:  state{Order: "PENDING", Payments: []string{"alipay/T1 FAILED 99.90 CNY key=k1"}},
+	},
+	{
+		name:  "FailedThenSuccessOfSameTransaction",
+		order: "PENDING",
+		steps: []step{{"k1", failed, inbox.Applied}, {"k2", nil, inbox.Applied}},
+		want:  state{Order: paid, Payments: []string{"alipay/T1 SUCCESS 99.90 CNY key=k2"}},
+	},
+	{
+		name:  "FailedThenPaidByOtherThenSuccess",
+		order: "PENDING",
+		steps: []step{{"k1", failed, inbox.Applied},
+			{"k2", map[string]any{"provider_txn_id": "T2"}, inbox.Applied},
+			{"k3", nil, inbox.Applied}},
+		want: state{
+			Order:     "PAID by T2 at " + paidAt,
+			Payments:  []string{"alipay/T1 FAILED 99.90 CNY key=k1", "alipay/T2 SUCCESS 99.90 CNY key=k2"},
+			Anomalies: []string{"alipay/T1 duplicate_payment expected=99.90 CNY received=99.90 CNY key=k3 previous=alipay/T2"},
+		},
+	},
+	{
+		name:  "OneAnomalyPerTransaction",
+		order: "PENDING",
+		steps: []step{{"k1", map[string]any{"amount": "9.99"}, inbox.Applied},
+			{"k2", map[string]any{"provider_txn_id": "T2"}, inbox.Applied},
+			{"k3", map[string]any{"amount": "9.99"}, inbox.Duplicate}},
+		want: state{
+			Order:     "PAID by T2 at " + paidAt,
+			Payments:  []string{"alipay/T2 SUCCESS 99.90 CNY key=k2"},
+			Anomalies: []string{"alipay/T1 amount_mismatch expected=99.90 CNY received=9.99 CNY key=k1"},
+		},
+	},
+}
+
 // TestContract runs the contract's table of effects, and the cases it leaves open, through the
 // inbox. Every case then redelivers each of its callbacks, under its own key and under a new one,
 // and checks that nothing changes.
 func TestContract(t *testing.T) {
 	t.Parallel()
-	type step struct {
-		key     string
-		changes map[string]any
-		want    inbox.Outcome
-	}
-	failed := map[string]any{"result": "FAILED"}
-	paid := "PAID by T1 at " + paidAt
-	for _, tc := range []struct {
-		name  string
-		order string // status of ORD-1 (99.90 CNY) before the steps
-		steps []step
-		want  state
-	}{
-		{
-			name:  "PendingSuccessPays",
-			order: "PENDING",
-			steps: []step{{"k1", nil, inbox.Applied}},
-			want:  state{Order: paid, Payments: []string{"alipay/T1 SUCCESS 99.90 CNY key=k1"}},
-		},
-		{
-			name:  "PendingFailedRecordsPayment",
-			order: "PENDING",
-			steps: []step{{"k1", failed, inbox.Applied}},
-			want:  state{Order: "PENDING", Payments: []string{"alipay/T1 FAILED 99.90 CNY key=k1"}},
-		},
-		{
-			name:  "PendingAmountDiffers",
-			order: "PENDING",
-			steps: []step{{"k1", map[string]any{"amount": "9.99"}, inbox.Applied}},
-			want: state{Order: "PENDING", Anomalies: []string{
-				"alipay/T1 amount_mismatch expected=99.90 CNY received=9.99 CNY key=k1"}},
-		},
-		{
-			name:  "PendingCurrencyDiffers",
-			order: "PENDING",
-			steps: []step{{"k1", map[string]any{"currency": "USD"}, inbox.Applied}},
-			want: state{Order: "PENDING", Anomalies: []string{
-				"alipay/T1 amount_mismatch expected=99.90 CNY received=99.90 USD key=k1"}},
-		},
-		{
-			name:  "PaidBySameTransactionSuccess",
-			order: "PENDING",
-			steps: []step{{"k1", nil, inbox.Applied}, {"k2", nil, inbox.Duplicate}},
-			want:  state{Order: paid, Payments: []string{"alipay/T1 SUCCESS 99.90 CNY key=k1"}},
-		},
-		{
-			name:  "PaidBySameTransactionFailed",
-			order: "PENDING",
-			steps: []step{{"k1", nil, inbox.Applied}, {"k2", failed, inbox.Duplicate}},
-			want:  state{Order: paid, Payments: []string{"alipay/T1 SUCCESS 99.90 CNY key=k1"}},
-		},
-		{
-			name:  "PaidByOtherTransaction",
-			order: "PENDING",
-			steps: []step{{"k1", nil, inbox.Applied}, {"k2", map[string]any{"provider_txn_id": "T2"}, inbox.Applied}},
-			want: state{Order: paid, Payments: []string{"alipay/T1 SUCCESS 99.90 CNY key=k1"}, Anomalies: []string{
-				"alipay/T2 duplicate_payment expected=99.90 CNY received=99.90 CNY key=k2 previous=alipay/T1"}},
-		},
-		{
-			name:  "PaidBySameTransactionIDOfOtherProvider",
-			order: "PENDING",
-			steps: []step{{"k1", nil, inbox.Applied}, {"k2", map[string]any{"provider": "wechat"}, inbox.Applied}},
-			want: state{Order: paid, Payments: []string{"alipay/T1 SUCCESS 99.90 CNY key=k1"}, Anomalies: []string{
-				"wechat/T1 duplicate_payment expected=99.90 CNY received=99.90 CNY key=k2 previous=alipay/T1"}},
-		},
-		{
-			name:  "PaidOutsideTheWorker",
-			order: "PAID",
-			steps: []step{{"k1", nil, inbox.Applied}},
-			want: state{Order: "PAID", Anomalies: []string{
-				"alipay/T1 duplicate_payment expected=99.90 CNY received=99.90 CNY key=k1"}},
-		},
-		{
-			name:  "CancelledSuccess",
-			order: "CANCELLED",
-			steps: []step{{"k1", nil, inbox.Applied}},
-			want: state{Order: "CANCELLED", Anomalies: []string{
-				"alipay/T1 paid_after_cancel expected=99.90 CNY received=99.90 CNY key=k1"}},
-		},
-		// Cases the contract leaves open (see the package comment).
-		{
-			name:  "PaidByOtherTransactionFailed",
-			order: "PENDING",
-			steps: []step{{"k1", nil, inbox.Applied},
-				{"k2", map[string]any{"provider_txn_id": "T2", "result": "FAILED"}, inbox.Applied}},
-			want: state{Order: paid, Payments: []string{
-				"alipay/T1 SUCCESS 99.90 CNY key=k1", "alipay/T2 FAILED 99.90 CNY key=k2"}},
-		},
-		{
-			name:  "CancelledFailed",
-			order: "CANCELLED",
-			steps: []step{{"k1", failed, inbox.Applied}},
-			want:  state{Order: "CANCELLED", Payments: []string{"alipay/T1 FAILED 99.90 CNY key=k1"}},
-		},
-		{
-			name:  "PendingFailedTwiceUnderNewKey",
-			order: "PENDING",
-			steps: []step{{"k1", failed, inbox.Applied}, {"k2", failed, inbox.Duplicate}},
-			want:  state{Order: "PENDING", Payments: []string{"alipay/T1 FAILED 99.90 CNY key=k1"}},
-		},
-		{
-			name:  "FailedThenSuccessOfSameTransaction",
-			order: "PENDING",
-			steps: []step{{"k1", failed, inbox.Applied}, {"k2", nil, inbox.Applied}},
-			want:  state{Order: paid, Payments: []string{"alipay/T1 SUCCESS 99.90 CNY key=k2"}},
-		},
-		{
-			name:  "FailedThenPaidByOtherThenSuccess",
-			order: "PENDING",
-			steps: []step{{"k1", failed, inbox.Applied},
-				{"k2", map[string]any{"provider_txn_id": "T2"}, inbox.Applied},
-				{"k3", nil, inbox.Applied}},
-			want: state{
-				Order:     "PAID by T2 at " + paidAt,
-				Payments:  []string{"alipay/T1 FAILED 99.90 CNY key=k1", "alipay/T2 SUCCESS 99.90 CNY key=k2"},
-				Anomalies: []string{"alipay/T1 duplicate_payment expected=99.90 CNY received=99.90 CNY key=k3 previous=alipay/T2"},
-			},
-		},
-		{
-			name:  "OneAnomalyPerTransaction",
-			order: "PENDING",
-			steps: []step{{"k1", map[string]any{"amount": "9.99"}, inbox.Applied},
-				{"k2", map[string]any{"provider_txn_id": "T2"}, inbox.Applied},
-				{"k3", map[string]any{"amount": "9.99"}, inbox.Duplicate}},
-			want: state{
-				Order:     "PAID by T2 at " + paidAt,
-				Payments:  []string{"alipay/T2 SUCCESS 99.90 CNY key=k2"},
-				Anomalies: []string{"alipay/T1 amount_mismatch expected=99.90 CNY received=9.99 CNY key=k1"},
-			},
-		},
-	} {
+	for _, tc := range contractCases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
