@@ -157,8 +157,10 @@ func (s *Store) resolveConflicts(ctx context.Context, tx pgx.Tx, msgs []Message,
 	for j, i := range conflicts {
 		keys[j] = msgs[i].Key
 	}
+	// Planned for each batch, not once for all (pgx's default): a plan made for a small table and
+	// an array of unknown length scans every key of the handler.
 	rows, _ := tx.Query(ctx, `SELECT idempotency_key, fingerprint FROM inbox WHERE handler = $1 AND idempotency_key = ANY($2)`,
-		msgs[0].Handler, keys)
+		pgx.QueryExecModeCacheDescribe, msgs[0].Handler, keys)
 	stored := make(map[string][]byte, len(conflicts))
 	var key string
 	var fingerprint []byte
