@@ -3,10 +3,7 @@ package migrations_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"log/slog"
-	"net/url"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -21,49 +18,6 @@ import (
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
-
-// emptySchema returns a pool on a new schema that nothing has migrated, dropped when the test ends.
-func emptySchema(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	ctx := context.Background()
-	suffix := make([]byte, 6)
-	_, _ = rand.Read(suffix)
-	schema := "test_migrations_" + hex.EncodeToString(suffix)
-
-	admin, err := pgx.Connect(ctx, pgtest.ServerURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		admin, err := pgx.Connect(ctx, pgtest.ServerURL())
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer admin.Close(ctx)
-		if _, err := admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
-			t.Error(err)
-		}
-	})
-
-	u, err := url.Parse(pgtest.ServerURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	pool, err := pgxpool.New(ctx, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
 
 // sqlFiles returns the migration files in this directory, in version order.
 func sqlFiles(t *testing.T) []string {
@@ -101,7 +55,7 @@ func assertAllApplied(t *testing.T, pool *pgxpool.Pool) {
 func TestUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := emptySchema(t)
+	pool := pgtest.EmptySchema(t).Pool
 	logs := &bytes.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, nil))
 
@@ -136,7 +90,7 @@ func TestUp(t *testing.T) {
 func TestUpConcurrent(t *testing.T) {
 	t.Parallel()
 	const workers = 3
-	pool := emptySchema(t)
+	pool := pgtest.EmptySchema(t).Pool
 	var (
 		mu      sync.Mutex
 		applied []string

@@ -2,15 +2,10 @@ package main_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"net/url"
 	"strings"
 	"syscall"
 	"testing"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
@@ -18,7 +13,7 @@ import (
 // TestMigrate runs `worker migrate` and `worker migrate status` on an empty schema.
 func TestMigrate(t *testing.T) {
 	t.Parallel()
-	env := []string{"DATABASE_URL=" + emptySchema(t)}
+	env := []string{"DATABASE_URL=" + pgtest.EmptySchema(t).URL}
 
 	migrate := func(args ...string) string {
 		t.Helper()
@@ -52,43 +47,6 @@ func TestMigrate(t *testing.T) {
 	if got := migrate(); got != "no pending migrations\n" {
 		t.Errorf("worker migrate again printed %q", got)
 	}
-}
-
-// emptySchema creates a schema with nothing in it, dropped when the test ends, and returns a URL
-// that works in it.
-func emptySchema(t *testing.T) string {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, pgtest.ServerURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	suffix := make([]byte, 6)
-	_, _ = rand.Read(suffix)
-	schema := "migrate_" + hex.EncodeToString(suffix)
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn, err := pgx.Connect(ctx, pgtest.ServerURL())
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
-			t.Error(err)
-		}
-	})
-	u, err := url.Parse(pgtest.ServerURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
 }
 
 // TestDev runs `worker dev`: its embedded broker takes messages from any Kafka client, which the

@@ -74,10 +74,21 @@ func Schema(tb testing.TB) *DB {
 	return db
 }
 
+// EmptySchema is Schema without the migrations: for tests of migrating itself.
+func EmptySchema(tb testing.TB) *DB {
+	tb.Helper()
+	db, err := createSchema(false)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(db.drop)
+	return db
+}
+
 // NewSchema is Schema for code that has no testing.TB, such as an Example: the caller drops the
 // schema and closes its pool by calling drop.
 func NewSchema() (db *DB, drop func(), err error) {
-	db, err = newSchema()
+	db, err = createSchema(true)
 	if err != nil {
 		return nil, nil, fmt.Errorf("pgtest: %w", err)
 	}
@@ -116,7 +127,7 @@ type sharedSchema struct {
 }
 
 func (s *sharedSchema) get() (*DB, error) {
-	s.once.Do(func() { s.db, s.err = newSchema() })
+	s.once.Do(func() { s.db, s.err = createSchema(true) })
 	return s.db, s.err
 }
 
@@ -126,7 +137,9 @@ func (s *sharedSchema) close() {
 	}
 }
 
-func newSchema() (*DB, error) {
+// createSchema creates a schema with a random name and a pool whose connections use it, and
+// migrates it if asked to.
+func createSchema(migrate bool) (*DB, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -153,7 +166,7 @@ func newSchema() (*DB, error) {
 
 	db := &DB{Schema: schema, URL: u.String()}
 	db.Pool, err = pgxpool.New(ctx, db.URL)
-	if err == nil {
+	if err == nil && migrate {
 		_, err = migrations.Up(ctx, db.Pool, nil)
 	}
 	if err != nil {
