@@ -157,15 +157,19 @@ func (s *Store) resolveConflicts(ctx context.Context, tx pgx.Tx, msgs []Message,
 	for j, i := range conflicts {
 		keys[j] = msgs[i].Key
 	}
-	// Planned for each batch, not once for all (pgx's default): a plan made for a small table and
-	// an array of unknown length scans every key of the handler.
-	rows, _ := tx.Query(ctx, `SELECT idempotency_key, fingerprint FROM inbox WHERE handler = $1 AND idempotency_key = ANY($2)`,
+	// One lookup by primary key per key, whatever the planner thinks of the table: with "= ANY"
+	// and no statistics yet (a new table), it scans every key of the handler instead.
+	rows, _ := tx.Query(ctx, `
+		SELECT k.key, (SELECT fingerprint FROM inbox WHERE handler = $1 AND idempotency_key = k.key)
+		FROM unnest($2::text[]) AS k(key)`,
 		pgx.QueryExecModeCacheDescribe, msgs[0].Handler, keys)
 	stored := make(map[string][]byte, len(conflicts))
 	var key string
 	var fingerprint []byte
 	_, err := pgx.ForEachRow(rows, []any{&key, &fingerprint}, func() error {
-		stored[key] = fingerprint
+		if fingerprint != nil { // else gone: purged since the conflict
+			stored[key] = fingerprint
+		}
 		return nil
 	})
 	if err != nil {
