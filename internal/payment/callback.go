@@ -142,14 +142,26 @@ func stringField(fields map[string]json.RawMessage, name string, required bool) 
 		}
 		return "", invalid(name, "must be a JSON string, not a JSON %s", jsonKind(raw))
 	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return "", invalid(name, "%v", err)
+	s, ok := plainString(raw)
+	if !ok {
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return "", invalid(name, "%v", err)
+		}
 	}
 	if s == "" {
 		return "", invalid(name, "must not be empty")
 	}
 	return s, nil
+}
+
+// plainString returns the JSON string raw, taken from a validated UTF-8 document, when it has no
+// escapes: then its text is what is between the quotes, and json.Unmarshal need not run. Most
+// fields are such strings.
+func plainString(raw json.RawMessage) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' || bytes.IndexByte(raw, '\\') >= 0 {
+		return "", false
+	}
+	return string(raw[1 : len(raw)-1]), true
 }
 
 // checkText enforces what every string field shares: at most maxTextLen characters and no control
