@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/migrations"
 )
 
@@ -26,6 +28,12 @@ type config struct {
 	Partitions   int
 	DatabaseURL  string
 	Modes        []string
+	// The worker's settings, for the worker modes (message and batch).
+	BatchSize int
+	BatchWait time.Duration
+	MaxConns  int32 // of the database pool
+	// CPUProfile, when set, is where to write a CPU profile of each mode (with the mode as suffix).
+	CPUProfile string
 }
 
 // result is what one mode measured.
@@ -53,8 +61,10 @@ type env struct {
 type mode func(ctx context.Context, e *env) (result, error)
 
 var modes = map[string]mode{
-	"kafka": runKafka,
-	"copy":  runCopy,
+	"kafka":   runKafka,
+	"message": runWorker(consumer.PerMessage),
+	"batch":   runWorker(consumer.PerBatch),
+	"copy":    runCopy,
 }
 
 func run(ctx context.Context, cfg config, out io.Writer) error {
@@ -74,8 +84,10 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	defer stopBroker()
 
 	s := newStream(cfg.N, cfg.Redeliveries)
-	fmt.Fprintf(out, "%d messages (%d callbacks, %d redeliveries), %d partitions, GOMAXPROCS=%d, %s\n\n",
+	fmt.Fprintf(out, "%d messages (%d callbacks, %d redeliveries), %d partitions, GOMAXPROCS=%d, %s\n",
 		cfg.N, s.unique, cfg.N-s.unique, cfg.Partitions, runtime.GOMAXPROCS(0), runtime.Version())
+	fmt.Fprintf(out, "worker: batch size %d, batch wait %s, %d database connections\n\n",
+		cfg.BatchSize, cfg.BatchWait, cfg.MaxConns)
 
 	var results []result
 	for i, m := range cfg.Modes {
@@ -111,7 +123,7 @@ func runMode(ctx context.Context, e *env, name string) (result, error) {
 		return result{}, err
 	}
 	poolConfig.ConnConfig.RuntimeParams["search_path"] = schema
-	poolConfig.MaxConns = int32(max(4, e.cfg.Partitions+2))
+	poolConfig.MaxConns = e.cfg.MaxConns
 	if e.pool, err = pgxpool.NewWithConfig(ctx, poolConfig); err != nil {
 		return result{}, err
 	}
@@ -126,6 +138,17 @@ func runMode(ctx context.Context, e *env, name string) (result, error) {
 		return result{}, err
 	}
 	runtime.GC()
+	if e.cfg.CPUProfile != "" {
+		f, err := os.Create(e.cfg.CPUProfile + "." + name)
+		if err != nil {
+			return result{}, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return result{}, err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	resetPeakRSS()
 	r, err := modes[name](ctx, e)
 	r.Mode, r.PeakRSS = name, peakRSS()

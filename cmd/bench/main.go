@@ -14,6 +14,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 )
 
 func main() {
@@ -38,7 +40,12 @@ func main() {
 	flag.StringVar(&cfg.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 		"Postgres to measure against (a schema per mode is created and dropped)")
 	modes := flag.String("modes", "kafka,message,batch,copy", "modes to run, in order")
+	flag.IntVar(&cfg.BatchSize, "batch-size", 256, "the worker's BATCH_SIZE: most messages of a partition per batch")
+	flag.DurationVar(&cfg.BatchWait, "batch-wait", 5*time.Millisecond, "the worker's BATCH_WAIT: how long a batch waits for more messages")
+	maxConns := flag.Int("max-conns", 0, "database connections of the worker (default: partitions + 2, at least 4)")
+	flag.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of the timed part of each mode to `file`.<mode>")
 	flag.Parse()
+	cfg.MaxConns = int32(cmp.Or(*maxConns, max(4, cfg.Partitions+2)))
 	cfg.Modes = strings.Split(*modes, ",")
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
