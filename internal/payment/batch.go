@@ -80,6 +80,16 @@ SELECT provider, provider_txn_id, order_no, amount::numeric, currency, 'SUCCESS'
 FROM paid
 RETURNING order_no`
 
+// payAllBegin and payAllEnd bracket payAllSQL with a savepoint, to roll back to if it fails, and
+// with planner settings that leave it only lookups by key: one per callback into orders and
+// payments. Left to itself, the planner scans orders, or scans payments for every callback, when
+// the tables were small or had no statistics when the statement was first planned, and keeps that
+// plan while they grow. (ROLLBACK TO SAVEPOINT undoes the settings too.)
+const (
+	payAllBegin = `SAVEPOINT pay_all; SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off`
+	payAllEnd   = `RELEASE SAVEPOINT pay_all; RESET enable_seqscan; RESET enable_hashjoin; RESET enable_mergejoin`
+)
+
 // payAll applies together the callbacks of the batch that can be (see HandleBatch) and reports which
 // it paid: none when the statement failed and was rolled back. When the transaction cannot go on
 // (the rollback failed too), it returns the error and the index of the first callback it tried to
@@ -114,7 +124,7 @@ func (h *Handler) payAll(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery, cb
 		amounts[j], currencies[j], paidAt[j], keys[j] = cb.Amount, cb.Currency, cb.PaidAt, ds[i].Key
 		byOrder[cb.OrderNo] = i
 	}
-	if _, err := tx.Exec(ctx, `SAVEPOINT pay_all`); err != nil {
+	if _, err := tx.Exec(ctx, payAllBegin); err != nil {
 		return nil, candidates[0], inbox.Classify(fmt.Errorf("payment: savepoint: %w", err))
 	}
 	rows, _ := tx.Query(ctx, payAllSQL, orderNos, providers, txnIDs, amounts, currencies, paidAt, keys)
@@ -128,7 +138,7 @@ func (h *Handler) payAll(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery, cb
 			"callbacks", n, "error", err)
 		return paid, 0, nil
 	}
-	if _, err := tx.Exec(ctx, `RELEASE SAVEPOINT pay_all`); err != nil {
+	if _, err := tx.Exec(ctx, payAllEnd); err != nil {
 		return nil, candidates[0], inbox.Classify(fmt.Errorf("payment: release the savepoint: %w", err))
 	}
 	debug := h.logger.Enabled(ctx, slog.LevelDebug)
