@@ -106,7 +106,7 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 	if p.together != nil {
 		transactions = PerBatch
 	}
-	p.log.Info("consuming the partition", "offset", offsetAttr(p.offset), "transactions", transactions)
+	p.log.Info("consuming the partition", "offset", offsetAttr(p.offset), "transactions", transactions.String())
 
 	for {
 		batch, err := p.nextBatch(idle)
