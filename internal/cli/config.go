@@ -43,6 +43,9 @@ type Config struct {
 	InboxRetentionPayments time.Duration
 	InboxRetentionSMS      time.Duration
 
+	BatchSize int
+	BatchWait time.Duration
+
 	HTTPAddr        string
 	ShutdownTimeout time.Duration
 	StartupTimeout  time.Duration
@@ -152,6 +155,12 @@ var settings = []*setting{
 	{env: "INBOX_RETENTION_SMS", flag: "inbox-retention-sms", def: "24h", meta: "DURATION",
 		usage: "how long an SMS event's idempotency key is remembered",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.InboxRetentionSMS, v) }},
+	{env: "BATCH_SIZE", flag: "batch-size", def: "256", meta: "N",
+		usage: "most messages of one partition applied in one transaction (1: a transaction per message)",
+		set:   func(c *Config, v string) error { return parseLimit(&c.BatchSize, v) }},
+	{env: "BATCH_WAIT", flag: "batch-wait", def: "5ms", meta: "DURATION",
+		usage: "how long a batch waits for more messages after its first",
+		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.BatchWait, v) }},
 	{env: "HTTP_ADDR", flag: "http-addr", def: ":8080", meta: "ADDR",
 		usage: "address of /metrics, /healthz and /readyz",
 		set:   func(c *Config, v string) error { return parseAddr(&c.HTTPAddr, v) }},
@@ -369,6 +378,8 @@ func (c *Config) masked(ss []*setting) []slog.Attr {
 		"RETRY_MAX_ELAPSED":        c.RetryMaxElapsed.String(),
 		"INBOX_RETENTION_PAYMENTS": c.InboxRetentionPayments.String(),
 		"INBOX_RETENTION_SMS":      c.InboxRetentionSMS.String(),
+		"BATCH_SIZE":               strconv.Itoa(c.BatchSize),
+		"BATCH_WAIT":               c.BatchWait.String(),
 		"HTTP_ADDR":                c.HTTPAddr,
 		"SHUTDOWN_TIMEOUT":         c.ShutdownTimeout.String(),
 		"STARTUP_TIMEOUT":          c.StartupTimeout.String(),

@@ -80,6 +80,8 @@ func TestConfigErrors(t *testing.T) {
 			`worker: RETRY_INITIAL_INTERVAL: 1m0s is longer than RETRY_MAX_INTERVAL 30s`},
 		{"BadProviderURL", map[string]string{"SMS_PROVIDER_URL": "ftp://u:tok@sms"}, []string{"run"},
 			`worker: SMS_PROVIDER_URL: invalid URL "ftp://u:xxxxx@sms" (want http:// or https://)`},
+		{"BadBatchSize", map[string]string{"BATCH_SIZE": "0"}, []string{"run"},
+			`worker: BATCH_SIZE: must be a positive number, got "0"`},
 		{"TokenWithoutURL", map[string]string{"SMS_PROVIDER_TOKEN": "tok"}, []string{"run"},
 			`worker: SMS_PROVIDER_TOKEN: set without SMS_PROVIDER_URL`},
 		{"TokenWithSpace", map[string]string{"SMS_PROVIDER_URL": "https://sms.example/send",
@@ -138,6 +140,8 @@ var contractDefaults = map[string]string{
 	"RETRY_MAX_ELAPSED":        "5m",
 	"INBOX_RETENTION_PAYMENTS": "72h",
 	"INBOX_RETENTION_SMS":      "24h",
+	"BATCH_SIZE":               "256", // not in the contract's table: the throughput settings
+	"BATCH_WAIT":               "5ms",
 	"HTTP_ADDR":                ":8080",
 	"SHUTDOWN_TIMEOUT":         "30s",
 	"STARTUP_TIMEOUT":          "15s",
@@ -167,6 +171,7 @@ func TestDefaults(t *testing.T) {
 		TopicPayments: "payments.callbacks", TopicSMS: "notifications.sms", DLQSuffix: ".dlq",
 		RetryInitialInterval: 200 * time.Millisecond, RetryMaxInterval: 30 * time.Second, RetryMaxElapsed: 5 * time.Minute,
 		InboxRetentionPayments: 72 * time.Hour, InboxRetentionSMS: 24 * time.Hour,
+		BatchSize: 256, BatchWait: 5 * time.Millisecond,
 		HTTPAddr: ":8080", ShutdownTimeout: 30 * time.Second, StartupTimeout: 15 * time.Second,
 		LogLevel: slog.LevelInfo, LogFormat: "json", DevKafkaAddr: "127.0.0.1:9092",
 	}

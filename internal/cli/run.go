@@ -146,6 +146,8 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 			MaxInterval:     cfg.RetryMaxInterval,
 			MaxElapsed:      cfg.RetryMaxElapsed,
 		},
+		BatchSize:       cfg.BatchSize,
+		BatchWait:       cfg.BatchWait,
 		ShutdownTimeout: drainTimeout(cfg.ShutdownTimeout),
 		Pool:            w.pool,
 		Store:           w.store,
