@@ -3,7 +3,6 @@ package cli
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +15,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 )
@@ -127,8 +128,9 @@ type deadLetter struct {
 	offset    int64
 	reason    string
 	message   kafka.Message // for the original topic: key, value and headers less the dlq-* ones
-	// idempotencyKey is the key the worker will read, for the output; "" when it has none.
+	// idempotencyKey is the key the worker will read, for the output, or keyProblem why it has none.
 	idempotencyKey string
+	keyProblem     fault.Reason
 }
 
 // topicPartitions returns the partitions of topic in meta, sorted.
@@ -286,7 +288,9 @@ func (r *replay) take(ctx context.Context, partition int, rec *kafka.Record) err
 		return fmt.Errorf("read %s/%d offset %d: %w", r.dlqTopic, partition, rec.Offset, err)
 	}
 	d.message.Topic, d.message.Key, d.message.Value = target, key, value
-	d.idempotencyKey = displayedIdempotencyKey(d.message)
+	// The key the worker will read, for the output; never the Kafka message key, which for an SMS is
+	// a phone number.
+	d.idempotencyKey, d.keyProblem, _ = consumer.IdempotencyKey(d.message)
 	r.letters = append(r.letters, d)
 	r.limited = r.limit > 0 && len(r.letters) >= r.limit
 	return nil
@@ -342,9 +346,9 @@ func (r *replay) write(ctx context.Context, w *kafka.Writer) error {
 }
 
 func (r *replay) printLetter(verb string, d *deadLetter) {
-	key := "(none)"
-	if d.idempotencyKey != "" {
-		key = displayed(d.idempotencyKey)
+	key := displayed(d.idempotencyKey)
+	if d.keyProblem != "" {
+		key = "(" + string(d.keyProblem) + ")"
 	}
 	fmt.Fprintf(r.out, "%s %s partition=%d offset=%d reason=%s to=%s key=%s\n", verb, r.dlqTopic,
 		d.partition, d.offset, displayedReason(d.reason), d.message.Topic, key)
@@ -392,25 +396,4 @@ func displayed(s string) string {
 		return s
 	}
 	return strconv.Quote(s)
-}
-
-// displayedIdempotencyKey is the idempotency key the worker reads from m, as the contract defines it:
-// the header Idempotency-Key, else the header X-Idempotent-Key, else the JSON field event_id; "" when
-// there is none. It is for the output only: the worker checks the key itself. It never falls back to
-// the Kafka message key, which for an SMS is a phone number.
-func displayedIdempotencyKey(m kafka.Message) string {
-	for _, name := range []string{"Idempotency-Key", "X-Idempotent-Key"} {
-		for _, h := range m.Headers {
-			if strings.EqualFold(h.Key, name) {
-				return string(h.Value)
-			}
-		}
-	}
-	var body struct {
-		EventID *string `json:"event_id"`
-	}
-	if json.Unmarshal(m.Value, &body) != nil || body.EventID == nil {
-		return ""
-	}
-	return *body.EventID
 }

@@ -36,7 +36,7 @@ import (
 func (p *partition) processTogether(ctx context.Context, h BatchHandler, batch []kafka.Message) int {
 	keys := make([]string, len(batch))
 	for i, m := range batch {
-		if key, _, err := idempotencyKey(m); err == nil {
+		if key, _, err := IdempotencyKey(m); err == nil {
 			keys[i] = key
 		}
 	}

@@ -1,8 +1,5 @@
 package consumer
 
-// IdempotencyKey exposes idempotencyKey to the tests.
-var IdempotencyKey = idempotencyKey
-
 // CrashLoopStarts exposes crashLoopStarts to the tests.
 const CrashLoopStarts = crashLoopStarts
 

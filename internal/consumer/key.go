@@ -22,11 +22,11 @@ const (
 	maxKeyLength      = 255 // characters
 )
 
-// idempotencyKey returns m's idempotency key: the header Idempotency-Key, else the header
+// IdempotencyKey returns m's idempotency key: the header Idempotency-Key, else the header
 // X-Idempotent-Key, else the string field event_id of the JSON object in the value. The first
 // source present decides; a key must be 1 to 255 printable characters: valid UTF-8 without control
 // characters. When there is no valid key it returns the reason to dead-letter with.
-func idempotencyKey(m kafka.Message) (string, fault.Reason, error) {
+func IdempotencyKey(m kafka.Message) (string, fault.Reason, error) {
 	for _, name := range []string{keyHeader, fallbackKeyHeader} {
 		for _, h := range m.Headers {
 			if strings.EqualFold(h.Key, name) {

@@ -51,7 +51,7 @@ func (p *partition) finishMessage(ctx context.Context, m kafka.Message, prior tr
 	log := p.log.With("offset", m.Offset)
 	var outcome string
 	var failed *failure
-	key, reason, err := idempotencyKey(m)
+	key, reason, err := IdempotencyKey(m)
 	if err != nil {
 		failed = &failure{reason: reason, err: err}
 	} else {
