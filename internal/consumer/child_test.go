@@ -14,6 +14,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
 // The crash tests run a worker in a child process, which is this test binary run again with
@@ -111,7 +112,7 @@ func (e *env) startChild(mode, key string) *child {
 	if e.mode == consumer.PerBatch {
 		cmd.Env = append(cmd.Env, childBatch+"=1")
 	}
-	w := &testWriter{t: e.t}
+	w := testlog.Writer(e.t)
 	cmd.Stdout, cmd.Stderr = w, w
 	if err := cmd.Start(); err != nil {
 		e.t.Fatal(err)
@@ -124,7 +125,6 @@ func (e *env) startChild(mode, key string) *child {
 	e.t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-c.done
-		w.close()
 	})
 	return c
 }

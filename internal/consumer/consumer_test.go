@@ -17,6 +17,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
 func TestRedelivery(t *testing.T) {
@@ -285,7 +286,7 @@ func testOrdering(t *testing.T, mode consumer.Transactions) {
 
 func TestNewValidates(t *testing.T) {
 	t.Parallel()
-	log := testLogger(t)
+	log := testlog.New(t)
 	valid := func() consumer.Config {
 		c := testConfig("127.0.0.1:1", nil, nil, &recorder{}, consumer.PerBatch, log)
 		c.Pool = lazyPool(t)

@@ -16,6 +16,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
+	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
 func TestShutdown(t *testing.T) {
@@ -99,7 +100,7 @@ func TestDeadLetterTopicUnavailable(t *testing.T) {
 }
 
 func testDeadLetterTopicUnavailable(t *testing.T, mode consumer.Transactions) {
-	e := &env{t: t, mode: mode, kafka: kafkatest.Start(t, 1, topic), db: pgtest.Schema(t), partitions: 1, log: testLogger(t)}
+	e := &env{t: t, mode: mode, kafka: kafkatest.Start(t, 1, topic), db: pgtest.Schema(t), partitions: 1, log: testlog.New(t)}
 	if _, err := e.db.Pool.Exec(t.Context(), effectsTable); err != nil {
 		t.Fatal(err)
 	}

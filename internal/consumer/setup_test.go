@@ -21,6 +21,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
+	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
 func TestMain(m *testing.M) {
@@ -80,7 +81,7 @@ func setup(t *testing.T, mode consumer.Transactions, partitions int) *env {
 		kafka:      kafkatest.Start(t, int32(partitions), topic, dlqTopic),
 		db:         pgtest.Schema(t),
 		partitions: partitions,
-		log:        testLogger(t),
+		log:        testlog.New(t),
 	}
 	_, err := e.db.Pool.Exec(context.Background(), effectsTable)
 	if err != nil {
@@ -317,40 +318,6 @@ func header(m kafka.Message, key string) string {
 
 func outcomes(config consumer.Config, outcome string) float64 {
 	return testutil.ToFloat64(config.Metrics.Messages.WithLabelValues(topic, outcome))
-}
-
-// testLogger routes the consumer's logs to t.Log until the test ends. LOG_LEVEL=debug shows
-// kafka-go's own logs too.
-func testLogger(t testing.TB) *slog.Logger {
-	w := &testWriter{t: t}
-	t.Cleanup(w.close) // registered first, so it runs after the consumers have stopped
-	level := slog.LevelInfo
-	if os.Getenv("LOG_LEVEL") == "debug" {
-		level = slog.LevelDebug
-	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
-}
-
-type testWriter struct {
-	mu     sync.Mutex
-	t      testing.TB
-	closed bool
-}
-
-func (w *testWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.closed {
-		return 0, errors.New("test is over")
-	}
-	w.t.Log(string(p[:len(p)-1]))
-	return len(p), nil
-}
-
-func (w *testWriter) close() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.closed = true
 }
 
 // lazyPool is a pool that never connects, for tests that need one only to exist.

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
+	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -43,7 +43,7 @@ func setup(tb testing.TB, config inbox.Config) *testEnv {
 	e := &testEnv{db: db}
 	e.pool, e.app = e.newPool(tb, 8, nil)
 	if config.Logger == nil {
-		config.Logger = testLogger(tb)
+		config.Logger = testlog.New(tb)
 	}
 	e.store = e.newStore(tb, e.pool, config)
 	if _, err := db.Pool.Exec(context.Background(),
@@ -155,18 +155,6 @@ func eventually(tb testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// testLogger sends a Store's logs to the test log.
-func testLogger(tb testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type testWriter struct{ tb testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.tb.Log(strings.TrimSuffix(string(p), "\n"))
-	return len(p), nil
 }
 
 var errEffect = errors.New("effect failed")
@@ -427,7 +415,7 @@ func TestProcessConcurrentDuplicates(t *testing.T) {
 	ctx := context.Background()
 	e := setup(t, inbox.Config{})
 	pool, app := e.newPool(t, sessions, nil)
-	store := e.newStore(t, pool, inbox.Config{Logger: testLogger(t)})
+	store := e.newStore(t, pool, inbox.Config{Logger: testlog.New(t)})
 
 	var runs atomic.Int32
 	release := make(chan struct{})

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
 // TestPurgeMillionRows measures what purging a large backlog of expired keys costs the claims that
@@ -55,7 +56,7 @@ func TestPurgeMillionRows(t *testing.T) {
 		e.exec(t, `VACUUM ANALYZE inbox`)
 		t.Logf("inserted and vacuumed %d expired keys in %s", rows, time.Since(start).Round(time.Millisecond))
 
-		store := e.newStore(t, e.pool, inbox.Config{PurgeBatchSize: batchSize, Logger: testLogger(t)})
+		store := e.newStore(t, e.pool, inbox.Config{PurgeBatchSize: batchSize, Logger: testlog.New(t)})
 		purged := make(chan struct{})
 		claims := make(chan latencies, 1)
 		go func() {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
 // processKeys processes each key of handler "h" and fails the test unless all are applied.
@@ -146,7 +147,7 @@ func TestPurgeConcurrent(t *testing.T) {
 
 	// Another instance, with sessions of its own. Should it wait for the lock, the deadline fails it.
 	otherPool, _ := e.newPool(t, 2, nil)
-	other := e.newStore(t, otherPool, inbox.Config{Logger: testLogger(t)})
+	other := e.newStore(t, otherPool, inbox.Config{Logger: testlog.New(t)})
 	guarded, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if deleted, err := other.Purge(guarded); err != nil || deleted != 0 {

@@ -21,6 +21,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/payment"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
+	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
 // delivery is one message of a batch: its idempotency key and value.
@@ -297,7 +298,7 @@ func TestBatchTransactionRecordedConcurrently(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	store, err := inbox.NewStore(pool, inbox.Config{Logger: testLogger(t)})
+	store, err := inbox.NewStore(pool, inbox.Config{Logger: testlog.New(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/payment"
+	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
 // createOnRetry creates an order just before the second attempt at a callback, as an order service
@@ -133,7 +134,7 @@ func testThroughConsumer(t *testing.T, mode consumer.Transactions) {
 		Pool:            e.pool,
 		Store:           e.store,
 		Metrics:         metrics,
-		Logger:          testLogger(t),
+		Logger:          testlog.New(t),
 	})
 	if err != nil {
 		t.Fatal(err)

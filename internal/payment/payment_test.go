@@ -3,9 +3,7 @@ package payment_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -20,40 +18,12 @@ import (
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/payment"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
+	"github.com/inboxworker/inboxworker/internal/testlog"
 )
-
-// testWriter routes log lines to t.Log until the test ends.
-type testWriter struct {
-	mu     sync.Mutex
-	t      testing.TB
-	closed bool
-}
-
-func (w *testWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.closed {
-		return 0, errors.New("test is over")
-	}
-	w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	return len(p), nil
-}
-
-// testLogger returns a logger writing to t.Log. Call it before starting anything that logs in the
-// background: its cleanup, registered first, runs last.
-func testLogger(t testing.TB) *slog.Logger {
-	w := &testWriter{t: t}
-	t.Cleanup(func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		w.closed = true
-	})
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
 
 func newHandler(t testing.TB) *payment.Handler {
 	t.Helper()
-	h, err := payment.NewHandler(payment.Config{Logger: testLogger(t)})
+	h, err := payment.NewHandler(payment.Config{Logger: testlog.New(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +40,7 @@ type env struct {
 func setup(t *testing.T) *env {
 	t.Helper()
 	pool := pgtest.Schema(t).Pool
-	store, err := inbox.NewStore(pool, inbox.Config{Logger: testLogger(t)})
+	store, err := inbox.NewStore(pool, inbox.Config{Logger: testlog.New(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
