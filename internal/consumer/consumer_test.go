@@ -156,6 +156,51 @@ func TestRetry(t *testing.T) {
 	}
 }
 
+// TestRetryAfter checks that a retryable error's RetryAfter is the least delay before the next
+// attempt, and that one longer than what is left of the retry budget dead-letters the message at
+// once rather than holding its partition.
+func TestRetryAfter(t *testing.T) {
+	t.Parallel()
+	const retryAfter = 300 * time.Millisecond
+	errBoom := errors.New("boom")
+	forEachMode(t, func(t *testing.T, mode consumer.Transactions) {
+		e := setup(t, mode, 1)
+		var mu sync.Mutex
+		attempts := map[string][]time.Time{}
+		config := e.config(&recorder{fail: func(d inbox.Delivery) error {
+			mu.Lock()
+			attempts[d.Key] = append(attempts[d.Key], time.Now())
+			mu.Unlock()
+			switch {
+			case d.Key == "throttled" && d.Attempt == 1:
+				return &fault.Error{Kind: fault.KindRetryable, RetryAfter: retryAfter, Err: errBoom}
+			case d.Key == "tomorrow":
+				return &fault.Error{Kind: fault.KindRetryable, RetryAfter: 24 * time.Hour, Err: errBoom}
+			}
+			return nil
+		}})
+		e.start(config)
+		e.produce("throttled", "tomorrow", "after")
+		e.waitFor("every offset committed", func() bool { return e.committed() == 3 })
+
+		mu.Lock()
+		defer mu.Unlock()
+		// In a batch, the first failure may come from the batch's run: count from the last run
+		// before the successful one.
+		throttled := attempts["throttled"]
+		if n := len(throttled); n < 2 || throttled[n-1].Sub(throttled[n-2]) < retryAfter {
+			t.Errorf("throttled message's attempts %v: want the last two at least %s apart", throttled, retryAfter)
+		}
+		if effects := e.effects(); effects["throttled"] != 1 || effects["after"] != 1 || effects["tomorrow"] != 0 {
+			t.Errorf("effects = %v, want throttled and after once, tomorrow never", effects)
+		}
+		dead := e.deadLetters()
+		if len(dead) != 1 || header(dead[0], "dlq-reason") != string(fault.RetriesExhausted) {
+			t.Fatalf("dead letters %v, want the message asking for a day, as retries_exhausted", dead)
+		}
+	})
+}
+
 // checkDeadLetter checks every header of a dead letter of the first message of a partition.
 func checkDeadLetter(t *testing.T, got, original kafka.Message, reason fault.Reason, errText string) {
 	t.Helper()
