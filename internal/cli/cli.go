@@ -119,7 +119,7 @@ var commands = []*command{
 			"from the database and the dead-letter topics. Its orders and tables live in the schema\n" +
 			demoSchema + " of DATABASE_URL, recreated on every run: no other data is touched.\n" +
 			"The broker listens on DEV_KAFKA_ADDR when it is set, else on any free local port.",
-		defaults: map[string]string{"DEV_KAFKA_ADDR": "any free local port"},
+		defaults: map[string]string{"DEV_KAFKA_ADDR": "any free local port", "LOG_FORMAT": "text"},
 		settings: join([]string{"DEV_KAFKA_ADDR", "KAFKA_GROUP_ID"}, databaseSettings,
 			[]string{"TOPIC_PAYMENTS", "TOPIC_SMS", "DLQ_SUFFIX", "SMS_PROVIDER_URL", "SMS_PROVIDER_TOKEN"},
 			logSettings),

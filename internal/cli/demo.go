@@ -29,6 +29,9 @@ const demoLateOrder = "DEMO-1005"
 func demoCommand(ctx context.Context, a *app, cfg *Config, _ []string) error {
 	ctx, cancel := context.WithTimeout(ctx, demoTimeout)
 	defer cancel()
+	if !cfg.explicit["LOG_FORMAT"] {
+		cfg.LogFormat = "text" // the demo is watched by a person
+	}
 	logger := newLogger(cfg, a.stderr)
 
 	addr := "127.0.0.1:0"
