@@ -258,6 +258,19 @@ func testEndToEnd(t *testing.T, env *environment) {
 			t.Errorf("%s: the group committed %d offsets, want all %d", topic, committed, n)
 		}
 	}
+	// A message's log lines say where it came from and which key it carries.
+	for _, topic := range []string{topicPayments, topicSMS} {
+		l := p.findLog("dead-lettered the message", "topic", topic)
+		if l == nil {
+			t.Errorf("no log line for the dead letter of %s", topic)
+			continue
+		}
+		for _, attr := range []string{"partition", "offset", "key", "reason"} {
+			if _, ok := l[attr]; !ok {
+				t.Errorf("the dead letter's log line has no %s: %v", attr, l)
+			}
+		}
+	}
 	_, lines := p.output()
 	for _, l := range lines {
 		if strings.Contains(l, "s3cret") || strings.Contains(l, "13800138000") {
