@@ -43,7 +43,7 @@ func demoCommand(ctx context.Context, a *app, cfg *Config, _ []string) error {
 		return err
 	}
 	defer broker.Close()
-	cfg.KafkaBrokers = []string{broker.addr}
+	cfg.KafkaBrokers, cfg.DevKafkaAddr = []string{broker.addr}, broker.addr // the address bound, for the startup line
 	logStart(ctx, logger, "demo", cfg)
 
 	pool, err := openDatabase(ctx, cfg, logger, demoSchema)
