@@ -1,8 +1,9 @@
-// Package deadletter is the dead-letter contract, written once: the headers a dead letter carries on
-// top of the original message's (dlq-reason, dlq-error, dlq-original-topic, …), built and read back
-// here by the consumer, worker replay, worker demo and the tests; and the Postgres table that keeps
-// the dead letters a dead-letter topic refused for good (too large for it, not authorised), so that
-// they block no partition and are not lost, until worker replay puts them back.
+// Package deadletter is the dead-letter contract, written once: the dlq-* headers a dead letter
+// carries on top of the original message's (its reason, error, original topic, partition and
+// offset, …), built and read back here for the consumer, worker replay, worker demo and the tests;
+// and the Postgres table that keeps the dead letters a dead-letter topic refused for good (too large
+// for it, not authorised), so that they block no partition and are not lost, until worker replay
+// puts them back.
 //
 // It does not decide when a message is dead-lettered nor why: the consumer does, with the reason
 // codes of package fault, which handlers return and which stay there so that a handler author needs
@@ -28,13 +29,13 @@ import (
 const (
 	headerPrefix = "dlq-"
 
-	HeaderReason            = headerPrefix + "reason"             // a fault.Reason
-	HeaderError             = headerPrefix + "error"              // human text, at most MaxErrorLen bytes
-	HeaderOriginalTopic     = headerPrefix + "original-topic"     // where the message was consumed
-	HeaderOriginalPartition = headerPrefix + "original-partition" // decimal
-	HeaderOriginalOffset    = headerPrefix + "original-offset"    // decimal
-	HeaderAttempts          = headerPrefix + "attempts"           // how many times its handler was started
-	HeaderFailedAt          = headerPrefix + "failed-at"          // RFC 3339, UTC
+	HeaderReason            = "dlq-reason"             // a fault.Reason
+	HeaderError             = "dlq-error"              // human text, at most MaxErrorLen bytes
+	HeaderOriginalTopic     = "dlq-original-topic"     // where the message was consumed
+	HeaderOriginalPartition = "dlq-original-partition" // decimal
+	HeaderOriginalOffset    = "dlq-original-offset"    // decimal
+	HeaderAttempts          = "dlq-attempts"           // how many times its handler was started
+	HeaderFailedAt          = "dlq-failed-at"          // RFC 3339, UTC
 )
 
 // MaxErrorLen bounds the error text of a dead letter, in bytes: a handler's error may quote a whole
