@@ -2,10 +2,13 @@ package consumer_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -147,4 +150,87 @@ func gathered(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// TestDeadLetterStoreFails checks that a dead letter its topic refused and the database cannot take
+// either (here its table is gone for a while, as it would be unreachable in an outage) holds the
+// partition, uncommitted, until it is stored: it is never dropped.
+func TestDeadLetterStoreFails(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, testDeadLetterStoreFails)
+}
+
+func testDeadLetterStoreFails(t *testing.T, mode consumer.Transactions) {
+	logs := &logCounter{counts: map[string]int{}}
+	e := &env{t: t, mode: mode, kafka: kafkatest.Start(t, 1, topic), db: pgtest.Schema(t), partitions: 1,
+		log: slog.New(logs.wrap(testlog.New(t).Handler()))}
+	if err := e.kafka.CreateTopic(dlqTopic, 1, map[string]string{"max.message.bytes": "1000"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.Pool.Exec(t.Context(), effectsTable+`; ALTER TABLE dead_letters RENAME TO dead_letters_away`); err != nil {
+		t.Fatal(err)
+	}
+	config := e.config(&recorder{fail: func(d inbox.Delivery) error {
+		if d.Key == "big" {
+			return fault.Permanent(fault.InvalidPayload, errors.New("bad payload"))
+		}
+		return nil
+	}})
+	e.kafka.Produce(t, topic, kafka.Message{Key: []byte("order-big"),
+		Value: fmt.Appendf(nil, `{"event_id":"big","pad":%q}`, strings.Repeat("x", 2000))})
+	e.produce("next")
+	e.start(config)
+
+	const failed = "cannot store the dead letter its topic refused; the partition waits and tries again"
+	e.waitFor("the store to fail twice", func() bool { return logs.count(failed) >= 2 })
+	if got := e.committed(); got != 0 {
+		t.Fatalf("committed %d offsets without storing the dead letter", got)
+	}
+	if got := e.effects()["next"]; got != 0 {
+		t.Fatal("the partition moved past a dead letter it could not store")
+	}
+
+	if _, err := e.db.Pool.Exec(t.Context(), `ALTER TABLE dead_letters_away RENAME TO dead_letters`); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("both offsets committed", func() bool { return e.committed() == 2 })
+	checkOnce(t, e, []string{"next"})
+	var n int
+	if err := e.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM dead_letters WHERE reason = 'invalid_payload'`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("%d dead letters stored (%v), want the big one", n, err)
+	}
+}
+
+// logCounter counts the log records by message, passing them on.
+type logCounter struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (c *logCounter) count(msg string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.counts[msg]
+}
+
+func (c *logCounter) wrap(h slog.Handler) slog.Handler { return countingHandler{h, c} }
+
+type countingHandler struct {
+	slog.Handler
+	c *logCounter
+}
+
+func (h countingHandler) Handle(ctx context.Context, r slog.Record) error {
+	h.c.mu.Lock()
+	h.c.counts[r.Message]++
+	h.c.mu.Unlock()
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h countingHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return countingHandler{h.Handler.WithAttrs(attrs), h.c}
+}
+
+func (h countingHandler) WithGroup(name string) slog.Handler {
+	return countingHandler{h.Handler.WithGroup(name), h.c}
 }
