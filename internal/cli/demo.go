@@ -334,13 +334,21 @@ func caughtUp(ctx context.Context, client *kafka.Client, group string, topics []
 	return true, nil
 }
 
-// deadLetterReasons reads every message of topic and counts them by their reason.
-func deadLetterReasons(ctx context.Context, client *kafka.Client, topic string) (map[string]int, error) {
+// deadLetterReasons reads every message of the dead-letter topic, and the dead letters it refused,
+// which the worker kept in the table dead_letters, and counts them by their reason.
+func deadLetterReasons(ctx context.Context, client *kafka.Client, pool *pgxpool.Pool, topic string) (map[string]int, error) {
 	ends, err := endOffsets(ctx, client, []string{topic})
 	if err != nil {
 		return nil, err
 	}
 	reasons := map[string]int{}
+	err = deadletter.NewStore(pool).Pending(ctx, topic, func(d deadletter.Stored) (bool, error) {
+		reasons[string(d.Letter.Reason)]++
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
 	for p, end := range ends[topic] {
 		for offset := int64(0); offset < end; {
 			resp, err := client.Fetch(ctx, &kafka.FetchRequest{Topic: topic, Partition: p, Offset: offset,
@@ -404,15 +412,7 @@ func readSummary(ctx context.Context, cfg *Config, addr string, pool *pgxpool.Po
 		}
 	}
 	for _, t := range []string{cfg.TopicPayments, cfg.TopicSMS} {
-		if s.deadLettered[t], err = deadLetterReasons(ctx, client, t+cfg.DLQSuffix); err != nil {
-			return nil, err
-		}
-		// The dead letters the dead-letter topic refused were kept in the database: they count too.
-		err = deadletter.NewStore(pool).Pending(ctx, t+cfg.DLQSuffix, func(d deadletter.Stored) (bool, error) {
-			s.deadLettered[t][string(d.Letter.Reason)]++
-			return true, nil
-		})
-		if err != nil {
+		if s.deadLettered[t], err = deadLetterReasons(ctx, client, pool, t+cfg.DLQSuffix); err != nil {
 			return nil, err
 		}
 	}
