@@ -62,8 +62,8 @@ func ErrorText(err error) string {
 	return truncate(err.Error(), MaxErrorLen)
 }
 
-// IsOwnHeader reports whether the header name is one of the dead-lettering's own (dlq-*, any case).
-func IsOwnHeader(name string) bool {
+// isOwnHeader reports whether the header name is one of the dead-lettering's own (dlq-*, any case).
+func isOwnHeader(name string) bool {
 	return len(name) >= len(headerPrefix) && strings.EqualFold(name[:len(headerPrefix)], headerPrefix)
 }
 
@@ -72,7 +72,7 @@ func IsOwnHeader(name string) bool {
 func (l Letter) Headers(original []kafka.Header) []kafka.Header {
 	headers := make([]kafka.Header, 0, len(original)+7)
 	for _, h := range original {
-		if !IsOwnHeader(h.Key) {
+		if !isOwnHeader(h.Key) {
 			headers = append(headers, h)
 		}
 	}
@@ -96,7 +96,7 @@ func (l Letter) Headers(original []kafka.Header) []kafka.Header {
 // still read.
 func Read(headers []kafka.Header) (l Letter, original []kafka.Header) {
 	for _, h := range headers {
-		if !IsOwnHeader(h.Key) {
+		if !isOwnHeader(h.Key) {
 			original = append(original, kafka.Header{Key: h.Key, Value: bytes.Clone(h.Value)})
 			continue
 		}
