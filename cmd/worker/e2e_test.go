@@ -20,6 +20,7 @@ import (
 	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/notify/notifytest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
@@ -420,9 +421,9 @@ func deadLetters(t *testing.T, brokers, topic string) []deadLetter {
 				var d deadLetter
 				for _, h := range r.Headers {
 					switch h.Key {
-					case "dlq-reason":
+					case deadletter.HeaderReason:
 						d.reason = string(h.Value)
-					case "dlq-original-topic":
+					case deadletter.HeaderOriginalTopic:
 						d.originalTopic = string(h.Value)
 					}
 				}

@@ -58,7 +58,7 @@ type Config struct {
 	// NoMigrate skips the migrations at start (worker run --no-migrate). A flag only.
 	NoMigrate bool
 
-	// The options of worker replay, flags only: the dlq-reason to replay ("" for all), whether to
+	// The options of worker replay, flags only: the reason to replay ("" for all), whether to
 	// write nothing, and how many dead letters to replay at most (0 for all).
 	ReplayReason string
 	ReplayDryRun bool
@@ -195,7 +195,7 @@ var settings = []*setting{
 		usage: "do not apply pending migrations at start",
 		set:   func(c *Config, v string) error { return parseBool(&c.NoMigrate, v) }},
 	{flag: "reason", meta: "REASON", envless: true,
-		usage: "replay only the dead letters whose dlq-reason is REASON (unset: all)",
+		usage: "replay only the dead letters whose reason is REASON (unset: all)",
 		set:   func(c *Config, v string) error { c.ReplayReason = v; return nil }},
 	{flag: "dry-run", def: "false", envless: true,
 		usage: "print what would be replayed and write nothing",

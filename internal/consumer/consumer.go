@@ -35,6 +35,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -190,6 +191,9 @@ type Consumer struct {
 	dlq       *kafka.Writer
 	lag       *lagReporter
 
+	// deadLetters keeps the dead letters their topic refused for good.
+	deadLetters *deadletter.Store
+
 	started atomic.Bool
 	ready   atomic.Bool
 }
@@ -230,6 +234,7 @@ func New(config Config) (*Consumer, error) {
 		c.routes[r.Topic] = r
 	}
 	c.dlq = c.newDeadLetterWriter()
+	c.deadLetters = deadletter.NewStore(config.Pool)
 	c.lag = newLagReporter(c)
 	return c, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/testlog"
@@ -195,7 +196,7 @@ func TestRetryAfter(t *testing.T) {
 			t.Errorf("effects = %v, want throttled and after once, tomorrow never", effects)
 		}
 		dead := e.deadLetters()
-		if len(dead) != 1 || header(dead[0], "dlq-reason") != string(fault.RetriesExhausted) {
+		if len(dead) != 1 || header(dead[0], deadletter.HeaderReason) != string(fault.RetriesExhausted) {
 			t.Fatalf("dead letters %v, want the message asking for a day, as retries_exhausted", dead)
 		}
 	})
@@ -213,25 +214,25 @@ func checkDeadLetter(t *testing.T, got, original kafka.Message, reason fault.Rea
 		}
 	}
 	want := map[string]string{
-		"dlq-reason":             string(reason),
-		"dlq-original-topic":     topic,
-		"dlq-original-partition": "0",
-		"dlq-original-offset":    "0",
+		deadletter.HeaderReason:            string(reason),
+		deadletter.HeaderOriginalTopic:     topic,
+		deadletter.HeaderOriginalPartition: "0",
+		deadletter.HeaderOriginalOffset:    "0",
 	}
 	for k, v := range want {
 		if header(got, k) != v {
 			t.Errorf("header %s = %q, want %q", k, header(got, k), v)
 		}
 	}
-	if !strings.Contains(header(got, "dlq-error"), errText) {
-		t.Errorf("header dlq-error = %q, want it to contain %q", header(got, "dlq-error"), errText)
+	if !strings.Contains(header(got, deadletter.HeaderError), errText) {
+		t.Errorf("header dlq-error = %q, want it to contain %q", header(got, deadletter.HeaderError), errText)
 	}
-	if n, err := strconv.Atoi(header(got, "dlq-attempts")); err != nil || n < 1 {
-		t.Errorf("header dlq-attempts = %q, want a positive count", header(got, "dlq-attempts"))
+	if n, err := strconv.Atoi(header(got, deadletter.HeaderAttempts)); err != nil || n < 1 {
+		t.Errorf("header dlq-attempts = %q, want a positive count", header(got, deadletter.HeaderAttempts))
 	}
-	at, err := time.Parse(time.RFC3339, header(got, "dlq-failed-at"))
+	at, err := time.Parse(time.RFC3339, header(got, deadletter.HeaderFailedAt))
 	if err != nil || time.Since(at) > time.Hour || time.Since(at) < -time.Minute {
-		t.Errorf("header dlq-failed-at = %q (%v), want the RFC 3339 time of the failure", header(got, "dlq-failed-at"), err)
+		t.Errorf("header dlq-failed-at = %q (%v), want the RFC 3339 time of the failure", header(got, deadletter.HeaderFailedAt), err)
 	}
 }
 
@@ -263,7 +264,7 @@ func testBadKeys(t *testing.T, mode consumer.Transactions) {
 
 	var got []fault.Reason
 	for _, m := range e.deadLetters() {
-		got = append(got, fault.Reason(header(m, "dlq-reason")))
+		got = append(got, fault.Reason(header(m, deadletter.HeaderReason)))
 	}
 	var want []fault.Reason
 	for _, r := range wantReasons {

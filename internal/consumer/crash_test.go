@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 )
 
@@ -107,13 +108,13 @@ func testCrashLoop(t *testing.T, mode consumer.Transactions) {
 	if len(dead) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(dead))
 	}
-	if got := header(dead[0], "dlq-reason"); got != string(fault.CrashLoop) {
+	if got := header(dead[0], deadletter.HeaderReason); got != string(fault.CrashLoop) {
 		t.Errorf("dlq-reason = %q, want %q", got, fault.CrashLoop)
 	}
-	if got := header(dead[0], "dlq-original-offset"); got != "1" {
+	if got := header(dead[0], deadletter.HeaderOriginalOffset); got != "1" {
 		t.Errorf("dlq-original-offset = %q, want 1", got)
 	}
-	if got := header(dead[0], "dlq-attempts"); got != strconv.Itoa(consumer.CrashLoopStarts) {
+	if got := header(dead[0], deadletter.HeaderAttempts); got != strconv.Itoa(consumer.CrashLoopStarts) {
 		t.Errorf("dlq-attempts = %q, want %d", got, consumer.CrashLoopStarts)
 	}
 	if got := e.committed(); got != int64(len(all)) {

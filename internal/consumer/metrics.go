@@ -13,6 +13,9 @@ type Metrics struct {
 	Retries  *prometheus.CounterVec   // inboxworker_retries_total{topic}
 	Handle   *prometheus.HistogramVec // inboxworker_handle_seconds{topic}
 	Lag      *prometheus.GaugeVec     // inboxworker_consumer_lag{topic,partition}
+	// DeadLettersStored counts the dead letters their topic refused for good, kept in Postgres
+	// (each is counted in Messages as dead_lettered too).
+	DeadLettersStored *prometheus.CounterVec // inboxworker_dead_letters_stored_total{topic}
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -35,8 +38,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "inboxworker_consumer_lag",
 			Help: "Messages behind the partition's end offset, from the group's committed offset.",
 		}, []string{"topic", "partition"}),
+		DeadLettersStored: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inboxworker_dead_letters_stored_total",
+			Help: "Dead letters their dead-letter topic refused for good (too large, not authorised), kept in the table dead_letters for worker replay, by source topic.",
+		}, []string{"topic"}),
 	}
-	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag)
+	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag, m.DeadLettersStored)
 	return m
 }
 
@@ -59,6 +66,13 @@ func (m *Metrics) count(topic, outcome string) {
 		return
 	}
 	m.Messages.WithLabelValues(topic, outcome).Inc()
+}
+
+func (m *Metrics) deadLetterStored(topic string) {
+	if m == nil {
+		return
+	}
+	m.DeadLettersStored.WithLabelValues(topic).Inc()
 }
 
 func (m *Metrics) retried(topic string) {

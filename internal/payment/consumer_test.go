@@ -13,6 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
@@ -193,7 +194,7 @@ func testThroughConsumer(t *testing.T, mode consumer.Transactions) {
 				t.Fatalf("dead letter %s: %v", m.Value, err)
 			}
 			for _, h := range m.Headers {
-				if h.Key == "dlq-reason" {
+				if h.Key == deadletter.HeaderReason {
 					dead[body.EventID] = string(h.Value)
 				}
 			}
