@@ -1,23 +1,14 @@
 package cli
 
 import (
-	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
-	"net/url"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Config is the worker's configuration: every variable of the contract, read from the environment
-// and overridden by its flag.
+// and overridden by its flag. Each field's default is its setting's, in the table settings.
 type Config struct {
 	KafkaBrokers        []string
 	KafkaGroupID        string
@@ -58,52 +49,62 @@ type Config struct {
 	// NoMigrate skips the migrations at start (worker run --no-migrate). A flag only.
 	NoMigrate bool
 
-	// The options of worker replay, flags only: the reason to replay ("" for all), whether to
-	// write nothing, and how many dead letters to replay at most (0 for all).
-	ReplayReason string
-	ReplayDryRun bool
-	ReplayLimit  int
-
 	// used are the settings of the command being run, for the startup log line.
 	used []*setting
 	// explicit holds the env names of the settings given by flag or environment, not defaulted.
 	explicit map[string]bool
+	// shown holds each setting's value as the startup line shows it, by env name: the text it was
+	// resolved from, masked by the setting's kind.
+	shown map[string]string
 }
 
-// A setting is one configuration variable: its environment name, its flag, its default and how it is
-// parsed into a Config.
-type setting struct {
-	env   string
-	flag  string
-	def   string
-	usage string
-	// meta names the value in --help (LIST, DURATION...); empty for a boolean.
-	meta string
-	// secret values are never printed.
-	secret bool
-	// envless settings are flags only.
-	envless bool
-	set     func(c *Config, v string) error
-}
+// A use is a set of commands that read a setting.
+type use uint
 
-func (s *setting) boolean() bool { return s.meta == "" }
+const (
+	useRun use = 1 << iota
+	useMigrate
+	useDev
+	useDemo
+	useReplay
+
+	// useWorker are the commands that run the consumer: its tuning applies to them.
+	useWorker = useRun | useDev
+	// useBrokers are the commands that reach the brokers of KAFKA_BROKERS, not an embedded one.
+	useBrokers = useRun | useReplay
+	// useDatabase are the commands that reach DATABASE_URL: all of them.
+	useDatabase = useRun | useMigrate | useDev | useDemo | useReplay
+	// useTopics are the commands that know the consumed topics.
+	useTopics = useWorker | useDemo
+)
+
+// A kind says how the startup line shows a setting's value.
+type kind int
+
+const (
+	plain  kind = iota
+	secret      // never shown: "xxxxx" when set
+	url         // shown with its passwords and query values masked
+)
 
 // settings are every configuration variable, in the order --help and the startup log list them.
+// Each entry is all there is to a setting: adding one is adding an entry (and its Config field).
 var settings = []*setting{
-	{env: "KAFKA_BROKERS", flag: "kafka-brokers", def: "127.0.0.1:9092", meta: "LIST",
+	{env: "KAFKA_BROKERS", flag: "kafka-brokers", def: "127.0.0.1:9092", meta: "LIST", use: useBrokers,
 		usage: "comma-separated bootstrap brokers (host:port)",
 		set: func(c *Config, v string) (err error) {
 			c.KafkaBrokers, err = parseAddrList(v)
 			return err
 		}},
-	{env: "KAFKA_GROUP_ID", flag: "kafka-group-id", def: "inboxworker", meta: "NAME",
+	{env: "KAFKA_GROUP_ID", flag: "kafka-group-id", def: "inboxworker", meta: "NAME", use: useTopics,
 		usage: "consumer group",
 		set:   func(c *Config, v string) error { return parseNonEmpty(&c.KafkaGroupID, v) }},
-	{env: "KAFKA_SESSION_TIMEOUT", flag: "kafka-session-timeout", def: "10s", meta: "DURATION",
+	{env: "KAFKA_SESSION_TIMEOUT", flag: "kafka-session-timeout", def: "10s", meta: "DURATION", use: useWorker,
 		usage: "how soon the group notices a dead worker and hands its partitions on",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.KafkaSessionTimeout, v) }},
-	{env: "KAFKA_SASL_MECHANISM", flag: "kafka-sasl-mechanism", meta: "NAME",
-		usage: "SASL mechanism for managed Kafka: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (unset: no SASL)",
+	{env: "KAFKA_SASL_MECHANISM", flag: "kafka-sasl-mechanism", meta: "NAME", use: useBrokers,
+		canonical: strings.ToUpper,
+		usage:     "SASL mechanism for managed Kafka: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (unset: no SASL)",
 		set: func(c *Config, v string) error {
 			switch m := strings.ToUpper(v); m {
 			case "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
@@ -112,65 +113,65 @@ var settings = []*setting{
 			}
 			return fmt.Errorf("unknown mechanism %q (use PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)", v)
 		}},
-	{env: "KAFKA_USERNAME", flag: "kafka-username", meta: "NAME",
+	{env: "KAFKA_USERNAME", flag: "kafka-username", meta: "NAME", use: useBrokers,
 		usage: "SASL user name",
 		set:   func(c *Config, v string) error { c.KafkaUsername = v; return nil }},
-	{env: "KAFKA_PASSWORD", flag: "kafka-password", meta: "SECRET", secret: true,
+	{env: "KAFKA_PASSWORD", flag: "kafka-password", meta: "SECRET", kind: secret, use: useBrokers,
 		usage: "SASL password (never logged)",
 		set:   func(c *Config, v string) error { c.KafkaPassword = v; return nil }},
-	{env: "KAFKA_TLS", flag: "kafka-tls", def: "false",
+	{env: "KAFKA_TLS", flag: "kafka-tls", def: "false", use: useBrokers,
 		usage: "connect to the brokers over TLS",
 		set:   func(c *Config, v string) error { return parseBool(&c.KafkaTLS, v) }},
-	{env: "DATABASE_URL", flag: "database-url", meta: "URL",
+	{env: "DATABASE_URL", flag: "database-url", meta: "URL", kind: url, use: useDatabase,
 		def:   "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 		usage: "Postgres holding the inbox and the business tables",
 		set:   func(c *Config, v string) error { return parseDatabaseURL(&c.DatabaseURL, v) }},
-	{env: "TOPIC_PAYMENTS", flag: "topic-payments", def: "payments.callbacks", meta: "TOPIC",
+	{env: "TOPIC_PAYMENTS", flag: "topic-payments", def: "payments.callbacks", meta: "TOPIC", use: useTopics,
 		usage: "payment callback topic",
 		set:   func(c *Config, v string) error { return parseTopic(&c.TopicPayments, v) }},
-	{env: "TOPIC_SMS", flag: "topic-sms", def: "notifications.sms", meta: "TOPIC",
+	{env: "TOPIC_SMS", flag: "topic-sms", def: "notifications.sms", meta: "TOPIC", use: useTopics,
 		usage: "SMS event topic",
 		set:   func(c *Config, v string) error { return parseTopic(&c.TopicSMS, v) }},
-	{env: "DLQ_SUFFIX", flag: "dlq-suffix", def: ".dlq", meta: "SUFFIX",
+	{env: "DLQ_SUFFIX", flag: "dlq-suffix", def: ".dlq", meta: "SUFFIX", use: useTopics | useReplay,
 		usage: "dead-letter topic = source topic + suffix",
 		set:   func(c *Config, v string) error { return parseTopic(&c.DLQSuffix, v) }},
-	{env: "SMS_PROVIDER_URL", flag: "sms-provider-url", meta: "URL",
+	{env: "SMS_PROVIDER_URL", flag: "sms-provider-url", meta: "URL", kind: url, use: useTopics,
 		usage: "HTTP SMS gateway (unset: SMS are only logged, with a warning at start)",
-		set:   func(c *Config, v string) error { return parseHTTPURL(&c.SMSProviderURL, v) }},
-	{env: "SMS_PROVIDER_TOKEN", flag: "sms-provider-token", meta: "SECRET", secret: true,
+		set:   func(c *Config, v string) error { c.SMSProviderURL = v; return nil }},
+	{env: "SMS_PROVIDER_TOKEN", flag: "sms-provider-token", meta: "SECRET", kind: secret, use: useTopics,
 		usage: "sent to the SMS gateway as Authorization: Bearer (never logged)",
 		set:   func(c *Config, v string) error { c.SMSProviderToken = v; return nil }},
-	{env: "RETRY_INITIAL_INTERVAL", flag: "retry-initial-interval", def: "200ms", meta: "DURATION",
+	{env: "RETRY_INITIAL_INTERVAL", flag: "retry-initial-interval", def: "200ms", meta: "DURATION", use: useWorker,
 		usage: "first backoff of a retryable handler error (exponential, with jitter)",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.RetryInitialInterval, v) }},
-	{env: "RETRY_MAX_INTERVAL", flag: "retry-max-interval", def: "30s", meta: "DURATION",
+	{env: "RETRY_MAX_INTERVAL", flag: "retry-max-interval", def: "30s", meta: "DURATION", use: useWorker,
 		usage: "longest backoff between two attempts",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.RetryMaxInterval, v) }},
-	{env: "RETRY_MAX_ELAPSED", flag: "retry-max-elapsed", def: "5m", meta: "DURATION",
+	{env: "RETRY_MAX_ELAPSED", flag: "retry-max-elapsed", def: "5m", meta: "DURATION", use: useWorker,
 		usage: "retry budget of one message, after which it is dead-lettered",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.RetryMaxElapsed, v) }},
-	{env: "INBOX_RETENTION_PAYMENTS", flag: "inbox-retention-payments", def: "72h", meta: "DURATION",
+	{env: "INBOX_RETENTION_PAYMENTS", flag: "inbox-retention-payments", def: "72h", meta: "DURATION", use: useWorker,
 		usage: "how long a payment callback's idempotency key is remembered",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.InboxRetentionPayments, v) }},
-	{env: "INBOX_RETENTION_SMS", flag: "inbox-retention-sms", def: "24h", meta: "DURATION",
+	{env: "INBOX_RETENTION_SMS", flag: "inbox-retention-sms", def: "24h", meta: "DURATION", use: useWorker,
 		usage: "how long an SMS event's idempotency key is remembered",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.InboxRetentionSMS, v) }},
-	{env: "BATCH_SIZE", flag: "batch-size", def: "256", meta: "N",
+	{env: "BATCH_SIZE", flag: "batch-size", def: "256", meta: "N", use: useWorker,
 		usage: "most messages of one partition applied in one transaction (1: a transaction per message)",
 		set:   func(c *Config, v string) error { return parseLimit(&c.BatchSize, v) }},
-	{env: "BATCH_WAIT", flag: "batch-wait", def: "5ms", meta: "DURATION",
+	{env: "BATCH_WAIT", flag: "batch-wait", def: "5ms", meta: "DURATION", use: useWorker,
 		usage: "how long a batch waits for more messages after its first",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.BatchWait, v) }},
-	{env: "HTTP_ADDR", flag: "http-addr", def: ":8080", meta: "ADDR",
+	{env: "HTTP_ADDR", flag: "http-addr", def: ":8080", meta: "ADDR", use: useWorker,
 		usage: "address of /metrics, /healthz and /readyz",
 		set:   func(c *Config, v string) error { return parseAddr(&c.HTTPAddr, v) }},
-	{env: "SHUTDOWN_TIMEOUT", flag: "shutdown-timeout", def: "30s", meta: "DURATION",
+	{env: "SHUTDOWN_TIMEOUT", flag: "shutdown-timeout", def: "30s", meta: "DURATION", use: useWorker,
 		usage: "on SIGTERM, how long in-flight messages may take to finish",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.ShutdownTimeout, v) }},
-	{env: "STARTUP_TIMEOUT", flag: "startup-timeout", def: "15s", meta: "DURATION",
+	{env: "STARTUP_TIMEOUT", flag: "startup-timeout", def: "15s", meta: "DURATION", use: useDatabase,
 		usage: "how long to wait for Postgres and Kafka at start before giving up",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.StartupTimeout, v) }},
-	{env: "LOG_LEVEL", flag: "log-level", def: "info", meta: "LEVEL",
+	{env: "LOG_LEVEL", flag: "log-level", def: "info", meta: "LEVEL", use: useDatabase,
 		usage: "debug, info, warn or error",
 		set: func(c *Config, v string) error {
 			if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
@@ -178,7 +179,7 @@ var settings = []*setting{
 			}
 			return nil
 		}},
-	{env: "LOG_FORMAT", flag: "log-format", def: "json", meta: "FORMAT",
+	{env: "LOG_FORMAT", flag: "log-format", def: "json", meta: "FORMAT", use: useDatabase,
 		usage: "json (one object per line) or text (for people)",
 		set: func(c *Config, v string) error {
 			switch v {
@@ -188,151 +189,16 @@ var settings = []*setting{
 			}
 			return fmt.Errorf("invalid format %q (use json or text)", v)
 		}},
-	{env: "DEV_KAFKA_ADDR", flag: "dev-kafka-addr", def: "127.0.0.1:9092", meta: "ADDR",
+	{env: "DEV_KAFKA_ADDR", flag: "dev-kafka-addr", def: "127.0.0.1:9092", meta: "ADDR", use: useDev | useDemo,
 		usage: "where the embedded broker of worker dev and worker demo listens",
 		set:   func(c *Config, v string) error { return parseAddr(&c.DevKafkaAddr, v) }},
-	{flag: "no-migrate", def: "false", envless: true,
+	{flag: "no-migrate", def: "false", use: useRun,
 		usage: "do not apply pending migrations at start",
 		set:   func(c *Config, v string) error { return parseBool(&c.NoMigrate, v) }},
-	{flag: "reason", meta: "REASON", envless: true,
-		usage: "replay only the dead letters whose reason is REASON (unset: all)",
-		set:   func(c *Config, v string) error { c.ReplayReason = v; return nil }},
-	{flag: "dry-run", def: "false", envless: true,
-		usage: "print what would be replayed and write nothing",
-		set:   func(c *Config, v string) error { return parseBool(&c.ReplayDryRun, v) }},
-	{flag: "limit", meta: "N", envless: true,
-		usage: "replay at most N dead letters (unset: all)",
-		set:   func(c *Config, v string) error { return parseLimit(&c.ReplayLimit, v) }},
 }
 
-func lookupSetting(env string) *setting {
-	for _, s := range settings {
-		if s.env == env {
-			return s
-		}
-	}
-	panic("cli: no setting " + env)
-}
-
-// name is how errors name the setting: its flag when the value came from the command line, else
-// its environment variable.
-func (s *setting) name(fromFlag bool) string {
-	if fromFlag || s.envless {
-		return "--" + s.flag
-	}
-	return s.env
-}
-
-// A settingError is a configuration error that names its setting: it is printed as one line.
-type settingError struct {
-	name string
-	err  error
-}
-
-func (e *settingError) Error() string { return e.name + ": " + e.err.Error() }
-func (e *settingError) Unwrap() error { return e.err }
-
-// flagValue records a flag's raw text; settings are parsed after all sources are known, so that a
-// bad value is reported the same way whether it came from a flag or the environment.
-type flagValue struct {
-	s     *setting
-	value string
-	isSet bool
-}
-
-func (v *flagValue) String() string     { return v.value }
-func (v *flagValue) Set(s string) error { v.value, v.isSet = s, true; return nil }
-func (v *flagValue) IsBoolFlag() bool   { return v.s.boolean() }
-
-// configFlags binds the given settings to a flag set whose errors are returned, not printed.
-type configFlags struct {
-	fs     *flag.FlagSet
-	values []*flagValue
-}
-
-func newConfigFlags(name string, ss []*setting) *configFlags {
-	cf := &configFlags{fs: flag.NewFlagSet(name, flag.ContinueOnError)}
-	cf.fs.SetOutput(io.Discard)
-	cf.fs.Usage = func() {}
-	for _, s := range ss {
-		v := &flagValue{s: s}
-		cf.values = append(cf.values, v)
-		cf.fs.Var(v, s.flag, s.usage)
-	}
-	return cf
-}
-
-// parse parses args, which may mix flags and positional arguments, and returns the positional ones.
-// It returns flag.ErrHelp for -h/--help.
-func (cf *configFlags) parse(args []string) ([]string, error) {
-	var positional []string
-	for {
-		if err := cf.fs.Parse(args); err != nil {
-			return nil, flagError(err)
-		}
-		if cf.fs.NArg() == 0 {
-			return positional, nil
-		}
-		positional = append(positional, cf.fs.Arg(0))
-		args = cf.fs.Args()[1:]
-	}
-}
-
-// flagError rewrites the flag package's errors as one line in our style.
-func flagError(err error) error {
-	if errors.Is(err, flag.ErrHelp) {
-		return err
-	}
-	msg := err.Error()
-	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: "); ok {
-		return fmt.Errorf("unknown flag --%s", strings.TrimLeft(name, "-"))
-	}
-	if name, ok := strings.CutPrefix(msg, "flag needs an argument: "); ok {
-		return fmt.Errorf("--%s: missing value", strings.TrimLeft(name, "-"))
-	}
-	if strings.HasPrefix(msg, "bad flag syntax: ") {
-		return errors.New(msg)
-	}
-	return err
-}
-
-// config resolves the settings bound to cf: the flag when given, else the environment, else the
-// default; then checks the settings against one another.
-func (cf *configFlags) config(getenv func(string) string) (*Config, error) {
-	c := &Config{explicit: map[string]bool{}}
-	// Settings a command does not use keep their defaults, so that every field is meaningful.
-	bound := map[*setting]*flagValue{}
-	for _, v := range cf.values {
-		bound[v.s] = v
-	}
-	for _, s := range settings {
-		raw, fromFlag := s.def, false
-		if v := bound[s]; v != nil {
-			if v.isSet {
-				raw, fromFlag = v.value, true
-				c.explicit[s.env] = true
-			} else if e := getenv(s.env); e != "" && !s.envless {
-				raw = e
-				c.explicit[s.env] = true
-			}
-		}
-		if err := s.set(c, raw); err != nil {
-			return nil, &settingError{name: s.name(fromFlag), err: err}
-		}
-	}
-	if err := c.check(func(env string) string {
-		s := lookupSetting(env)
-		if v := bound[s]; v != nil && v.isSet {
-			return s.name(true)
-		}
-		return s.name(false)
-	}); err != nil {
-		return nil, err
-	}
-	return c, nil
-}
-
-// check validates settings against one another. name tells how to name a setting in an error.
+// check validates settings against one another, once each is parsed. name tells how to name a
+// setting in an error.
 func (c *Config) check(name func(env string) string) error {
 	fail := func(env, format string, args ...any) error {
 		return &settingError{name: name(env), err: fmt.Errorf(format, args...)}
@@ -351,221 +217,23 @@ func (c *Config) check(name func(env string) string) error {
 			c.RetryInitialInterval, c.RetryMaxInterval)
 	case c.SMSProviderToken != "" && c.SMSProviderURL == "":
 		return fail("SMS_PROVIDER_TOKEN", "set without SMS_PROVIDER_URL")
-	case strings.ContainsFunc(c.SMSProviderToken, func(r rune) bool { return r < 0x21 || r > 0x7e }):
-		return fail("SMS_PROVIDER_TOKEN", "must be printable ASCII without spaces")
+	}
+	// The provider's URL and token are checked by the sender itself, here rather than once the
+	// connections are made.
+	if _, se := providerSender(c); se != nil {
+		se.name = name(se.name)
+		return se
 	}
 	return nil
 }
 
-// masked returns the effective configuration for the startup log line, secrets masked.
-func (c *Config) masked(ss []*setting) []slog.Attr {
-	values := map[string]string{
-		"KAFKA_BROKERS":            strings.Join(c.KafkaBrokers, ","),
-		"KAFKA_GROUP_ID":           c.KafkaGroupID,
-		"KAFKA_SESSION_TIMEOUT":    c.KafkaSessionTimeout.String(),
-		"KAFKA_SASL_MECHANISM":     c.KafkaSASLMechanism,
-		"KAFKA_USERNAME":           c.KafkaUsername,
-		"KAFKA_PASSWORD":           maskSecret(c.KafkaPassword),
-		"KAFKA_TLS":                strconv.FormatBool(c.KafkaTLS),
-		"DATABASE_URL":             maskURL(c.DatabaseURL),
-		"TOPIC_PAYMENTS":           c.TopicPayments,
-		"TOPIC_SMS":                c.TopicSMS,
-		"DLQ_SUFFIX":               c.DLQSuffix,
-		"SMS_PROVIDER_URL":         maskURL(c.SMSProviderURL),
-		"SMS_PROVIDER_TOKEN":       maskSecret(c.SMSProviderToken),
-		"RETRY_INITIAL_INTERVAL":   c.RetryInitialInterval.String(),
-		"RETRY_MAX_INTERVAL":       c.RetryMaxInterval.String(),
-		"RETRY_MAX_ELAPSED":        c.RetryMaxElapsed.String(),
-		"INBOX_RETENTION_PAYMENTS": c.InboxRetentionPayments.String(),
-		"INBOX_RETENTION_SMS":      c.InboxRetentionSMS.String(),
-		"BATCH_SIZE":               strconv.Itoa(c.BatchSize),
-		"BATCH_WAIT":               c.BatchWait.String(),
-		"HTTP_ADDR":                c.HTTPAddr,
-		"SHUTDOWN_TIMEOUT":         c.ShutdownTimeout.String(),
-		"STARTUP_TIMEOUT":          c.StartupTimeout.String(),
-		"LOG_LEVEL":                c.LogLevel.String(),
-		"LOG_FORMAT":               c.LogFormat,
-		"DEV_KAFKA_ADDR":           c.DevKafkaAddr,
-	}
+// startupAttrs are the startup line's configuration: the settings of the command, as shown.
+func (c *Config) startupAttrs() []slog.Attr {
 	var attrs []slog.Attr
-	for _, s := range ss {
-		if s.envless {
-			continue
+	for _, s := range c.used {
+		if s.env != "" {
+			attrs = append(attrs, slog.String(s.env, c.shown[s.env]))
 		}
-		attrs = append(attrs, slog.String(s.env, values[s.env]))
 	}
 	return attrs
-}
-
-// Parsers. Their errors do not name the setting: the caller does.
-
-func parseNonEmpty(dst *string, v string) error {
-	if strings.TrimSpace(v) == "" {
-		return errors.New("must not be empty")
-	}
-	*dst = v
-	return nil
-}
-
-func parsePositiveDuration(dst *time.Duration, v string) error {
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		return fmt.Errorf("invalid duration %q", v)
-	}
-	if d <= 0 {
-		return fmt.Errorf("must be positive, got %q", v)
-	}
-	*dst = d
-	return nil
-}
-
-// parseLimit accepts a positive count, or nothing for no limit.
-func parseLimit(dst *int, v string) error {
-	if v == "" {
-		*dst = 0
-		return nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		return fmt.Errorf("must be a positive number, got %q", v)
-	}
-	*dst = n
-	return nil
-}
-
-func parseBool(dst *bool, v string) error {
-	b, err := strconv.ParseBool(v)
-	if err != nil {
-		return fmt.Errorf("invalid boolean %q (use true or false)", v)
-	}
-	*dst = b
-	return nil
-}
-
-func parseAddr(dst *string, v string) error {
-	_, port, err := net.SplitHostPort(v)
-	if err != nil {
-		return fmt.Errorf("invalid address %q (use host:port)", v)
-	}
-	if n, err := strconv.ParseUint(port, 10, 16); err != nil || (n == 0 && port != "0") {
-		return fmt.Errorf("invalid port in %q", v)
-	}
-	*dst = v
-	return nil
-}
-
-func parseAddrList(v string) ([]string, error) {
-	var out []string
-	for a := range strings.SplitSeq(v, ",") {
-		a = strings.TrimSpace(a)
-		if a == "" {
-			continue
-		}
-		if err := parseAddr(&a, a); err != nil {
-			return nil, err
-		}
-		out = append(out, a)
-	}
-	if len(out) == 0 {
-		return nil, errors.New("must list at least one broker (host:port)")
-	}
-	return out, nil
-}
-
-var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]+$`)
-
-// parseTopic accepts a Kafka topic name (or a DLQ suffix, which follows the same rules).
-func parseTopic(dst *string, v string) error {
-	if !topicName.MatchString(v) || len(v) > 249 {
-		return fmt.Errorf("invalid topic name %q (letters, digits, '.', '_' and '-', at most 249)", v)
-	}
-	*dst = v
-	return nil
-}
-
-func parseDatabaseURL(dst *string, v string) error {
-	u, err := url.Parse(v)
-	if err != nil {
-		return fmt.Errorf("invalid URL %q", maskURL(v))
-	}
-	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
-		return fmt.Errorf("invalid URL %q (want postgres://user:password@host:port/database)", maskURL(v))
-	}
-	if u.Host == "" && u.Query().Get("host") == "" {
-		return fmt.Errorf("invalid URL %q: no host", maskURL(v))
-	}
-	if _, err := pgxpool.ParseConfig(v); err != nil {
-		return fmt.Errorf("invalid URL %q: %s", maskURL(v), parseConfigReason(err, v))
-	}
-	*dst = v
-	return nil
-}
-
-// parseConfigReason is why pgx refused connString, without the connection string (and so without
-// its password) that pgx's own messages repeat.
-func parseConfigReason(err error, connString string) string {
-	reason := err.Error()
-	if p, _ := url.Parse(connString); p != nil {
-		if password, ok := p.User.Password(); ok && password != "" {
-			reason = strings.ReplaceAll(reason, password, mask)
-		}
-	}
-	return pgxQuotedConnString.ReplaceAllString(reason, "")
-}
-
-// pgxQuotedConnString is how pgx quotes the connection string in its errors.
-var pgxQuotedConnString = regexp.MustCompile("cannot parse `[^`]*`: ")
-
-func parseHTTPURL(dst *string, v string) error {
-	if v == "" {
-		*dst = ""
-		return nil
-	}
-	u, err := url.Parse(v)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("invalid URL %q (want http:// or https://)", maskURL(v))
-	}
-	*dst = v
-	return nil
-}
-
-const mask = "xxxxx"
-
-func maskSecret(s string) string {
-	if s == "" {
-		return ""
-	}
-	return mask
-}
-
-var (
-	urlPassword = regexp.MustCompile(`(://[^:/?#@]*:)[^@]*@`)
-	kvPassword  = regexp.MustCompile(`(?i)((?:ssl)?password=)('[^']*'|[^ &]*)`)
-)
-
-// maskURL masks every password a connection string may carry: in its user info and in password
-// parameters. It works on strings that do not parse, too.
-func maskURL(s string) string {
-	if s == "" {
-		return ""
-	}
-	if u, err := url.Parse(s); err == nil && u.Scheme != "" {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), mask)
-		}
-		q := u.Query()
-		masked := false
-		for k := range q {
-			if strings.EqualFold(k, "password") || strings.EqualFold(k, "sslpassword") {
-				q.Set(k, mask)
-				masked = true
-			}
-		}
-		if masked {
-			u.RawQuery = q.Encode()
-		}
-		return u.String()
-	}
-	s = urlPassword.ReplaceAllString(s, "${1}"+mask+"@")
-	return kvPassword.ReplaceAllString(s, "${1}"+mask)
 }

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go/sasl/plain"
-
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
 
@@ -153,7 +151,7 @@ var contractDefaults = map[string]string{
 func TestDefaults(t *testing.T) {
 	t.Parallel()
 	for _, s := range settings {
-		if s.envless {
+		if s.env == "" {
 			continue
 		}
 		want, ok := contractDefaults[s.env]
@@ -175,7 +173,7 @@ func TestDefaults(t *testing.T) {
 		HTTPAddr: ":8080", ShutdownTimeout: 30 * time.Second, StartupTimeout: 15 * time.Second,
 		LogLevel: slog.LevelInfo, LogFormat: "json", DevKafkaAddr: "127.0.0.1:9092",
 	}
-	cfg.explicit, cfg.used = nil, nil
+	cfg.explicit, cfg.used, cfg.shown = nil, nil, nil
 	if got, want := fmt.Sprintf("%+v", *cfg), fmt.Sprintf("%+v", want); got != want {
 		t.Errorf("defaults:\n got %s\nwant %s", got, want)
 	}
@@ -232,14 +230,14 @@ func TestHelp(t *testing.T) {
 		if r.code != 0 || r.stderr != "" {
 			t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
 		}
-		for _, c := range commands {
+		for _, c := range commands() {
 			if !strings.Contains(r.stdout, "  "+c.name+" ") {
 				t.Errorf("--help does not list command %s", c.name)
 			}
 		}
 		checkFlagsListed(t, r.stdout, settings, nil)
 	})
-	for _, c := range commands {
+	for _, c := range commands() {
 		t.Run(strings.ToUpper(c.name[:1])+c.name[1:], func(t *testing.T) {
 			t.Parallel()
 			r := runMain(t, nil, c.name, "--help")
@@ -269,32 +267,12 @@ func checkFlagsListed(t *testing.T, help string, ss []*setting, defaults map[str
 		switch {
 		case line == "":
 			t.Errorf("--%s is not described", s.flag)
-		case !s.envless && !strings.Contains(line, "env "+s.env):
+		case s.env != "" && !strings.Contains(line, "env "+s.env):
 			t.Errorf("--%s does not name %s: %q", s.flag, s.env, line)
 		case defaults[s.env] != "" && !strings.Contains(line, "default "+defaults[s.env]):
 			t.Errorf("--%s does not give the command's default %q: %q", s.flag, defaults[s.env], line)
 		case defaults[s.env] == "" && s.def != "" && !strings.Contains(line, fmt.Sprintf("default %q", s.def)):
 			t.Errorf("--%s does not give its default %q: %q", s.flag, s.def, line)
-		}
-	}
-}
-
-func TestMaskURL(t *testing.T) {
-	t.Parallel()
-	tests := []struct{ in, want string }{
-		{"postgres://app:s3cret@db:5432/shop?sslmode=require", "postgres://app:xxxxx@db:5432/shop?sslmode=require"},
-		{"postgres://app@db/shop", "postgres://app@db/shop"},
-		{"postgres://db/shop?user=app&password=s3cret", "postgres://db/shop?password=xxxxx&user=app"},
-		{"postgres://app:s3cret@db:bad/shop", "postgres://app:xxxxx@db:bad/shop"},
-		{"postgres://app:s%3cret@db/shop", "postgres://app:xxxxx@db/shop"},
-		{"host=db user=app password=s3cret dbname=shop", "host=db user=app password=xxxxx dbname=shop"},
-		{"host=db password='s3 cret' dbname=shop", "host=db password=xxxxx dbname=shop"},
-		{"https://sms.example/send", "https://sms.example/send"},
-		{"", ""},
-	}
-	for _, tt := range tests {
-		if got := maskURL(tt.in); got != tt.want {
-			t.Errorf("maskURL(%q) = %q, want %q", tt.in, got, tt.want)
 		}
 	}
 }
@@ -316,37 +294,6 @@ func TestStartupLogMasksSecrets(t *testing.T) {
 		`"SMS_PROVIDER_TOKEN":"xxxxx"`, `"KAFKA_SASL_MECHANISM":"SCRAM-SHA-512"`} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the startup line lacks %s: %s", want, out.String())
-		}
-	}
-}
-
-func TestKafkaAuth(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		mechanism string
-		tls       bool
-		wantName  string
-	}{
-		{"", false, ""},
-		{"PLAIN", true, "PLAIN"},
-		{"SCRAM-SHA-256", false, "SCRAM-SHA-256"},
-		{"SCRAM-SHA-512", true, "SCRAM-SHA-512"},
-	}
-	for _, tt := range tests {
-		cfg := &Config{KafkaSASLMechanism: tt.mechanism, KafkaUsername: "u", KafkaPassword: "p", KafkaTLS: tt.tls}
-		mechanism, tlsConfig, err := kafkaAuth(cfg)
-		if err != nil {
-			t.Fatalf("%s: %v", tt.mechanism, err)
-		}
-		name := ""
-		if mechanism != nil {
-			name = mechanism.Name()
-		}
-		if name != tt.wantName || (tlsConfig != nil) != tt.tls {
-			t.Errorf("%q: got mechanism %q and TLS %v", tt.mechanism, name, tlsConfig != nil)
-		}
-		if p, ok := mechanism.(plain.Mechanism); ok && (p.Username != "u" || p.Password != "p") {
-			t.Errorf("PLAIN credentials not passed: %+v", p)
 		}
 	}
 }

@@ -17,8 +17,20 @@ import (
 // devPartitions is how many partitions each topic of the embedded broker has.
 const devPartitions = 3
 
-// devCommand is `worker dev`.
-func devCommand(ctx context.Context, a *app, cfg *Config, _ []string) error {
+func devCommand() *command {
+	return &command{
+		name:    "dev",
+		summary: "run the worker against an embedded Kafka broker",
+		details: "Starts an embedded Kafka broker (the real wire protocol, in memory) on DEV_KAFKA_ADDR with\n" +
+			"the topics and their dead-letter topics created, prints how to produce to it, then runs the\n" +
+			"worker against it until stopped. SMS are only logged unless SMS_PROVIDER_URL is set.",
+		use: useDev,
+		run: dev,
+	}
+}
+
+// dev is `worker dev`.
+func dev(ctx context.Context, a *app, cfg *Config, _ []string) error {
 	logger := newLogger(cfg, a.stderr)
 	broker, err := startDevBroker(ctx, cfg, cfg.DevKafkaAddr, logger)
 	if err != nil {
@@ -43,7 +55,7 @@ type devBroker struct {
 }
 
 // startDevBroker starts a one-broker in-memory cluster on addr with the topics and their dead-letter
-// topics created. The topics keep messages as long as the shorter inbox retention, so that no key is
+// topics created. Each topic keeps messages as long as its inbox keeps keys, so that no key is
 // forgotten while the broker could still redeliver its message.
 func startDevBroker(ctx context.Context, cfg *Config, addr string, logger *slog.Logger) (_ *devBroker, err error) {
 	c, err := kfake.NewCluster(
@@ -62,18 +74,19 @@ func startDevBroker(ctx context.Context, cfg *Config, addr string, logger *slog.
 		}
 	}()
 
-	retention := strconv.FormatInt(min(cfg.InboxRetentionPayments, cfg.InboxRetentionSMS).Milliseconds(), 10)
 	req := &kafka.CreateTopicsRequest{}
-	for _, t := range []string{cfg.TopicPayments, cfg.TopicSMS} {
-		for _, name := range []string{t, t + cfg.DLQSuffix} {
+	for _, r := range routes(cfg) {
+		retention := strconv.FormatInt(r.retention.Milliseconds(), 10)
+		for _, name := range []string{r.topic, r.topic + cfg.DLQSuffix} {
 			req.Topics = append(req.Topics, kafka.TopicConfig{
 				Topic: name, NumPartitions: devPartitions, ReplicationFactor: 1,
 				ConfigEntries: []kafka.ConfigEntry{{ConfigName: "retention.ms", ConfigValue: retention}},
 			})
 		}
 	}
-	client, closeClient := localClient(b.addr)
-	defer closeClient()
+	transport := &kafka.Transport{ClientID: "inboxworker-dev"}
+	defer transport.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(b.addr), Transport: transport, Timeout: 10 * time.Second}
 	resp, err := client.CreateTopics(ctx, req)
 	if err == nil {
 		for _, e := range resp.Errors {
@@ -85,13 +98,6 @@ func startDevBroker(ctx context.Context, cfg *Config, addr string, logger *slog.
 	}
 	logger.Info("embedded Kafka broker listening", slog.String("addr", b.addr))
 	return b, nil
-}
-
-// localClient is a kafka-go client of the embedded broker. Call the returned function when done.
-func localClient(addr string) (*kafka.Client, func()) {
-	transport := &kafka.Transport{ClientID: "inboxworker-dev"}
-	return &kafka.Client{Addr: kafka.TCP(addr), Transport: transport, Timeout: 10 * time.Second},
-		transport.CloseIdleConnections
 }
 
 func (b *devBroker) printHowTo(w io.Writer, cfg *Config) {

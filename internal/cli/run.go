@@ -16,33 +16,79 @@ import (
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/payment"
+	"github.com/inboxworker/inboxworker/internal/redact"
+	"github.com/inboxworker/inboxworker/internal/startup"
 	"github.com/inboxworker/inboxworker/migrations"
 )
 
-// The handlers' names in the inbox: idempotency keys are unique per name.
-const (
-	paymentsHandler = "payments"
-	smsHandler      = "sms"
-)
-
-// purgeInterval is how often expired idempotency keys are deleted.
-const purgeInterval = 10 * time.Minute
-
-// runCommand is `worker run`.
-func runCommand(ctx context.Context, a *app, cfg *Config, _ []string) error {
-	logger := newLogger(cfg, a.stderr)
-	logStart(ctx, logger, "run", cfg)
-	w, err := newWorker(ctx, cfg, logger, workerOptions{migrate: !cfg.NoMigrate, serveHTTP: true})
-	if err != nil {
-		return err
+func runCommand() *command {
+	return &command{
+		name:    "run",
+		summary: "apply pending migrations, then consume until SIGTERM/SIGINT",
+		details: "Applies pending migrations (unless --no-migrate), joins the consumer group and consumes\n" +
+			"until SIGTERM or SIGINT, then stops fetching, lets in-flight messages finish within\n" +
+			"SHUTDOWN_TIMEOUT, commits their offsets and exits 0. Serves /healthz, /readyz and /metrics\n" +
+			"on HTTP_ADDR and purges expired idempotency keys in the background.",
+		use: useRun,
+		run: func(ctx context.Context, a *app, cfg *Config, _ []string) error {
+			logger := newLogger(cfg, a.stderr)
+			logStart(ctx, logger, "run", cfg)
+			w, err := newWorker(ctx, cfg, logger, workerOptions{migrate: !cfg.NoMigrate, serveHTTP: true})
+			if err != nil {
+				return err
+			}
+			return w.run(ctx)
+		},
 	}
-	return w.run(ctx)
 }
 
 // logStart writes the startup line: the command and its effective configuration, secrets masked.
 func logStart(ctx context.Context, logger *slog.Logger, command string, cfg *Config) {
 	logger.LogAttrs(ctx, slog.LevelInfo, "starting", slog.String("command", command),
-		slog.Attr{Key: "config", Value: slog.GroupValue(cfg.masked(cfg.used)...)})
+		slog.Attr{Key: "config", Value: slog.GroupValue(cfg.startupAttrs()...)})
+}
+
+// A route is one consumed topic and all that is wired to it, in one place: its inbox name (keys
+// are unique per name), how long its keys are remembered and the setting that says so, and how its
+// handler is built.
+type route struct {
+	topic            string
+	inbox            string
+	retention        time.Duration
+	retentionSetting string
+	handler          func(cfg *Config, logger *slog.Logger) (consumer.Handler, error)
+}
+
+// paymentsInbox is the inbox name of the payment callbacks, which the demo's summary reads.
+const paymentsInbox = "payments"
+
+// routes are the worker's routes.
+func routes(cfg *Config) []route {
+	return []route{
+		{topic: cfg.TopicPayments, inbox: paymentsInbox,
+			retention: cfg.InboxRetentionPayments, retentionSetting: "INBOX_RETENTION_PAYMENTS",
+			handler: func(_ *Config, logger *slog.Logger) (consumer.Handler, error) {
+				return payment.NewHandler(payment.Config{Logger: logger})
+			}},
+		{topic: cfg.TopicSMS, inbox: "sms",
+			retention: cfg.InboxRetentionSMS, retentionSetting: "INBOX_RETENTION_SMS",
+			handler: func(cfg *Config, logger *slog.Logger) (consumer.Handler, error) {
+				sender, err := smsSender(cfg, logger)
+				if err != nil {
+					return nil, err
+				}
+				return notify.NewHandler(notify.Config{Sender: sender, Logger: logger})
+			}},
+	}
+}
+
+// topics are the routes' topics.
+func topics(cfg *Config) []string {
+	var out []string
+	for _, r := range routes(cfg) {
+		out = append(out, r.topic)
+	}
+	return out
 }
 
 type workerOptions struct {
@@ -91,7 +137,7 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 		}
 	}
 
-	if w.pool, err = openDatabase(ctx, cfg, logger, opts.schema); err != nil {
+	if w.pool, err = startup.OpenPostgres(ctx, postgres(cfg, logger, opts.schema)); err != nil {
 		return nil, err
 	}
 	if opts.migrate {
@@ -99,44 +145,46 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 			return nil, err
 		}
 	}
-	if err := checkKafka(ctx, cfg, logger); err != nil {
+	if err := w.wire(ctx, routes(cfg)); err != nil {
 		return nil, err
 	}
+	return w, nil
+}
 
-	w.store, err = inbox.NewStore(w.pool, inbox.Config{
-		Retention: map[string]time.Duration{
-			paymentsHandler: cfg.InboxRetentionPayments,
-			smsHandler:      cfg.InboxRetentionSMS,
-		},
-		Logger: logger,
-	})
-	if err != nil {
-		return nil, err
+// wire checks the routes' topics, then builds the inbox, the handlers and the consumer.
+func (w *worker) wire(ctx context.Context, routes []route) error {
+	cfg, logger := w.cfg, w.logger
+	var checked []startup.Topic
+	for _, r := range routes {
+		checked = append(checked, startup.Topic{Name: r.topic, InboxRetention: r.retention,
+			RetentionSetting: r.retentionSetting})
 	}
-	payments, err := payment.NewHandler(payment.Config{Logger: logger})
-	if err != nil {
-		return nil, err
+	if err := startup.CheckKafka(ctx, kafkaOf(cfg, logger), checked); err != nil {
+		return err
 	}
-	sender, err := smsSender(cfg, logger)
-	if err != nil {
-		return nil, err
+	retention := map[string]time.Duration{}
+	var consumed []consumer.Route
+	for _, r := range routes {
+		h, err := r.handler(cfg, logger)
+		if err != nil {
+			return err
+		}
+		retention[r.inbox] = r.retention
+		consumed = append(consumed, consumer.Route{Topic: r.topic, Name: r.inbox, Handler: h})
 	}
-	sms, err := notify.NewHandler(notify.Config{Sender: sender, Logger: logger})
+	var err error
+	w.store, err = inbox.NewStore(w.pool, inbox.Config{Retention: retention, Logger: logger})
 	if err != nil {
-		return nil, err
+		return err
 	}
-
-	mechanism, tlsConfig, err := kafkaAuth(cfg)
+	mechanism, tlsConfig, err := kafkaOf(cfg, logger).Auth()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	w.consumer, err = consumer.New(consumer.Config{
-		Brokers: cfg.KafkaBrokers,
-		GroupID: cfg.KafkaGroupID,
-		Routes: []consumer.Route{
-			{Topic: cfg.TopicPayments, Name: paymentsHandler, Handler: payments},
-			{Topic: cfg.TopicSMS, Name: smsHandler, Handler: sms},
-		},
+		Brokers:        cfg.KafkaBrokers,
+		GroupID:        cfg.KafkaGroupID,
+		Routes:         consumed,
 		SASL:           mechanism,
 		TLS:            tlsConfig,
 		SessionTimeout: cfg.KafkaSessionTimeout,
@@ -154,11 +202,19 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 		Metrics:         w.metrics,
 		Logger:          logger,
 	})
-	if err != nil {
-		return nil, err
-	}
+	return err
+}
 
-	return w, nil
+// postgres is where the commands find the database.
+func postgres(cfg *Config, logger *slog.Logger, schema string) startup.Postgres {
+	return startup.Postgres{URL: cfg.DatabaseURL, Schema: schema, Timeout: cfg.StartupTimeout, Logger: logger}
+}
+
+// kafkaOf is where the commands find the brokers.
+func kafkaOf(cfg *Config, logger *slog.Logger) startup.Kafka {
+	return startup.Kafka{Brokers: cfg.KafkaBrokers, SASLMechanism: cfg.KafkaSASLMechanism,
+		Username: cfg.KafkaUsername, Password: cfg.KafkaPassword, TLS: cfg.KafkaTLS,
+		Timeout: cfg.StartupTimeout, Logger: logger}
 }
 
 // drainTimeout is the part of SHUTDOWN_TIMEOUT given to in-flight messages; the rest is left to
@@ -169,16 +225,31 @@ func drainTimeout(shutdown time.Duration) time.Duration {
 
 // smsSender is the HTTP gateway of SMS_PROVIDER_URL, or a sender that only logs when it is unset.
 func smsSender(cfg *Config, logger *slog.Logger) (notify.Sender, error) {
-	if cfg.SMSProviderURL == "" {
+	sender, se := providerSender(cfg)
+	switch {
+	case se != nil:
+		return nil, se
+	case sender == nil:
 		logger.Warn("SMS_PROVIDER_URL is unset: SMS are written to the log, not sent")
 		return notify.NewLogSender(logger), nil
+	}
+	return sender, nil
+}
+
+// providerSender is the HTTP gateway of SMS_PROVIDER_URL, nil when it is unset. The sender checks
+// the URL and the token itself; its errors are told here in the settings' terms, without the token
+// and with the URL masked.
+func providerSender(cfg *Config) (*notify.HTTPSender, *settingError) {
+	if cfg.SMSProviderURL == "" {
+		return nil, nil
 	}
 	sender, err := notify.NewHTTPSender(notify.HTTPConfig{URL: cfg.SMSProviderURL, Token: cfg.SMSProviderToken})
 	switch {
 	case errors.Is(err, notify.ErrInvalidToken):
-		return nil, &settingError{name: "SMS_PROVIDER_TOKEN", err: err}
+		return nil, &settingError{name: "SMS_PROVIDER_TOKEN", err: errors.New("must be printable ASCII without spaces")}
 	case err != nil:
-		return nil, &settingError{name: "SMS_PROVIDER_URL", err: err}
+		return nil, &settingError{name: "SMS_PROVIDER_URL",
+			err: fmt.Errorf("invalid URL %q (want http:// or https://)", redact.URL(cfg.SMSProviderURL))}
 	}
 	return sender, nil
 }
@@ -206,7 +277,7 @@ func (w *worker) run(ctx context.Context) (err error) {
 		})
 	}
 	purgeCtx, stopPurge := context.WithCancel(ctx)
-	wg.Go(func() { w.store.RunPurger(purgeCtx, purgeInterval) })
+	wg.Go(func() { w.store.RunPurger(purgeCtx, 0) }) // at the inbox's own interval
 	stuck := false
 	defer func() {
 		stopPurge()
