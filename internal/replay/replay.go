@@ -129,14 +129,7 @@ func (rp *Replay) Run(ctx context.Context) error {
 		r.printSummary("dry run: would replay", len(r.letters), "")
 		return nil
 	}
-	w := &kafka.Writer{
-		Addr:         kafka.TCP(rp.cfg.Kafka.Brokers...),
-		Transport:    admin.Transport,
-		Balancer:     &kafka.Hash{}, // the partition of the key, as the producers of the topics choose it
-		RequiredAcks: kafka.RequireAll,
-		BatchSize:    1,
-		BatchTimeout: time.Millisecond,
-	}
+	w := deadletter.NewWriter(rp.cfg.Kafka.Brokers, admin.Transport)
 	defer w.Close()
 	return r.write(ctx, w)
 }
