@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -357,7 +359,8 @@ func (c *Config) check(name func(env string) string) error {
 	return nil
 }
 
-// masked returns the effective configuration for the startup log line, secrets masked.
+// masked returns the effective configuration for the startup log line, secrets masked: by the kind of
+// each setting, so that a new secret or URL setting is masked without a line of its own.
 func (c *Config) masked(ss []*setting) []slog.Attr {
 	values := map[string]string{
 		"KAFKA_BROKERS":            strings.Join(c.KafkaBrokers, ","),
@@ -365,14 +368,14 @@ func (c *Config) masked(ss []*setting) []slog.Attr {
 		"KAFKA_SESSION_TIMEOUT":    c.KafkaSessionTimeout.String(),
 		"KAFKA_SASL_MECHANISM":     c.KafkaSASLMechanism,
 		"KAFKA_USERNAME":           c.KafkaUsername,
-		"KAFKA_PASSWORD":           maskSecret(c.KafkaPassword),
+		"KAFKA_PASSWORD":           c.KafkaPassword,
 		"KAFKA_TLS":                strconv.FormatBool(c.KafkaTLS),
-		"DATABASE_URL":             maskURL(c.DatabaseURL),
+		"DATABASE_URL":             c.DatabaseURL,
 		"TOPIC_PAYMENTS":           c.TopicPayments,
 		"TOPIC_SMS":                c.TopicSMS,
 		"DLQ_SUFFIX":               c.DLQSuffix,
-		"SMS_PROVIDER_URL":         maskURL(c.SMSProviderURL),
-		"SMS_PROVIDER_TOKEN":       maskSecret(c.SMSProviderToken),
+		"SMS_PROVIDER_URL":         c.SMSProviderURL,
+		"SMS_PROVIDER_TOKEN":       c.SMSProviderToken,
 		"RETRY_INITIAL_INTERVAL":   c.RetryInitialInterval.String(),
 		"RETRY_MAX_INTERVAL":       c.RetryMaxInterval.String(),
 		"RETRY_MAX_ELAPSED":        c.RetryMaxElapsed.String(),
@@ -392,7 +395,14 @@ func (c *Config) masked(ss []*setting) []slog.Attr {
 		if s.envless {
 			continue
 		}
-		attrs = append(attrs, slog.String(s.env, values[s.env]))
+		v := values[s.env]
+		switch {
+		case s.secret:
+			v = maskSecret(v)
+		case s.meta == "URL":
+			v = maskURL(v)
+		}
+		attrs = append(attrs, slog.String(s.env, v))
 	}
 	return attrs
 }
@@ -541,10 +551,22 @@ func maskSecret(s string) string {
 var (
 	urlPassword = regexp.MustCompile(`(://[^:/?#@]*:)[^@]*@`)
 	kvPassword  = regexp.MustCompile(`(?i)((?:ssl)?password=)('[^']*'|[^ &]*)`)
+	urlQuery    = regexp.MustCompile(`([?&][^=&#]*=)[^&#]*`)
 )
 
-// maskURL masks every password a connection string may carry: in its user info and in password
-// parameters. It works on strings that do not parse, too.
+// shownQueryParams are the query parameters whose values maskURL shows: Postgres connection
+// parameters that are never secret. Any other value may be one (an SMS gateway's api_key, a
+// signature, sslpassword) and is masked.
+var shownQueryParams = map[string]bool{
+	"sslmode": true, "user": true, "host": true, "port": true, "dbname": true, "application_name": true,
+	"connect_timeout": true, "target_session_attrs": true, "search_path": true, "sslrootcert": true,
+	"pool_max_conns": true, "pool_min_conns": true,
+}
+
+// maskURL masks what a URL setting may carry of a secret: the password of its user info and every
+// query value but those of shownQueryParams; in a key=value connection string, its passwords. It
+// works on strings that do not parse, too. Config.masked applies it to every setting whose value is a
+// URL.
 func maskURL(s string) string {
 	if s == "" {
 		return ""
@@ -553,19 +575,37 @@ func maskURL(s string) string {
 		if _, has := u.User.Password(); has {
 			u.User = url.UserPassword(u.User.Username(), mask)
 		}
-		q := u.Query()
-		masked := false
-		for k := range q {
-			if strings.EqualFold(k, "password") || strings.EqualFold(k, "sslpassword") {
-				q.Set(k, mask)
-				masked = true
-			}
-		}
-		if masked {
-			u.RawQuery = q.Encode()
+		if u.RawQuery != "" {
+			u.RawQuery = maskQuery(u.RawQuery)
 		}
 		return u.String()
 	}
 	s = urlPassword.ReplaceAllString(s, "${1}"+mask+"@")
+	if strings.Contains(s, "://") {
+		s = urlQuery.ReplaceAllString(s, "${1}"+mask)
+	}
 	return kvPassword.ReplaceAllString(s, "${1}"+mask)
+}
+
+// maskQuery returns a URL's query, sorted by name, with every value masked but those of
+// shownQueryParams, and a name without a value (which may be a key itself, as in ?K3Y) masked whole.
+func maskQuery(rawQuery string) string {
+	q, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return mask
+	}
+	parts := make([]string, 0, len(q))
+	for _, name := range slices.Sorted(maps.Keys(q)) {
+		for _, v := range q[name] {
+			switch {
+			case shownQueryParams[strings.ToLower(name)]:
+				parts = append(parts, url.QueryEscape(name)+"="+url.QueryEscape(v))
+			case v == "":
+				parts = append(parts, mask)
+			default:
+				parts = append(parts, url.QueryEscape(name)+"="+mask)
+			}
+		}
+	}
+	return strings.Join(parts, "&")
 }
