@@ -149,7 +149,8 @@ type Config struct {
 	// ShutdownTimeout is how long Run lets in-flight messages finish once its context is cancelled;
 	// then their work is cancelled and rolled back. Defaults to 30s.
 	ShutdownTimeout time.Duration
-	// LagInterval is how often the consumer_lag metric is refreshed. Defaults to 5s.
+	// LagInterval is how often the consumer_lag and consumer_stalled_seconds metrics of every
+	// partition of the routes' topics are refreshed. Defaults to 5s.
 	LagInterval time.Duration
 	// Pool reaches the migrated database. Required.
 	Pool *pgxpool.Pool
@@ -231,6 +232,7 @@ func New(config Config) (*Consumer, error) {
 	}
 	c.dlq = c.newDeadLetterWriter()
 	c.lag = newLagReporter(c)
+	c.metrics.initSeries(c.topics())
 	return c, nil
 }
 
