@@ -67,7 +67,7 @@ func TestDev(t *testing.T) {
 		}
 		return ""
 	})
-	// The embedded broker keeps messages no longer than the inbox remembers keys.
+	// The inbox remembers keys as long as the embedded broker's topics can redeliver them.
 	if w := p.findLog(retentionWarning, "topic", topicSMS); w != nil {
 		t.Errorf("worker dev warns about its own topics' retention: %v", w)
 	}
