@@ -18,6 +18,9 @@ const devPartitions = 3
 
 // devCommand is `worker dev`.
 func devCommand(ctx context.Context, a *app, cfg *Config, _ []string) error {
+	if !cfg.explicit["LOG_FORMAT"] {
+		cfg.LogFormat = "text" // worker dev is watched by a person, as the demo is
+	}
 	logger := newLogger(cfg, a.stderr)
 	broker, err := startDevBroker(ctx, cfg, cfg.DevKafkaAddr, logger)
 	if err != nil {
