@@ -57,14 +57,15 @@ type workerOptions struct {
 // worker is the assembled process: a database pool, the inbox, the handlers behind the consumer,
 // and the HTTP endpoints.
 type worker struct {
-	cfg      *Config
-	logger   *slog.Logger
-	pool     *pgxpool.Pool
-	store    *inbox.Store
-	consumer *consumer.Consumer
-	registry *prometheus.Registry
-	metrics  *consumer.Metrics
-	ops      *opsServer
+	cfg       *Config
+	logger    *slog.Logger
+	pool      *pgxpool.Pool
+	store     *inbox.Store
+	consumer  *consumer.Consumer
+	registry  *prometheus.Registry
+	metrics   *consumer.Metrics
+	anomalies *anomalyGauge
+	ops       *opsServer
 }
 
 // newWorker connects to Postgres and Kafka (waiting up to STARTUP_TIMEOUT for each), migrates, and
@@ -83,6 +84,7 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	w.metrics = consumer.NewMetrics(w.registry)
+	w.anomalies = newAnomalyGauge(w.registry)
 	// The port is taken first, so that a port in use is reported before anything else is done.
 	// Requests wait in the listen queue until run serves them, when every part is built.
 	if opts.serveHTTP {
@@ -207,6 +209,7 @@ func (w *worker) run(ctx context.Context) (err error) {
 	}
 	purgeCtx, stopPurge := context.WithCancel(ctx)
 	wg.Go(func() { w.store.RunPurger(purgeCtx, purgeInterval) })
+	wg.Go(func() { w.anomalies.run(purgeCtx, w.pool, w.logger) })
 	stuck := false
 	defer func() {
 		stopPurge()
