@@ -85,6 +85,10 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 	)
 	w.metrics = consumer.NewMetrics(w.registry)
 	w.anomalies = newAnomalyGauge(w.registry)
+	w.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "inboxworker_ready",
+		Help: "1 when the instance is ready (what /readyz answers with 200: Postgres answers, the consumer has joined its group, not stopping), else 0.",
+	}, w.readyValue))
 	// The port is taken first, so that a port in use is reported before anything else is done.
 	// Requests wait in the listen queue until run serves them, when every part is built.
 	if opts.serveHTTP {
@@ -194,6 +198,19 @@ func (w *worker) ready(ctx context.Context) error {
 		return errors.New("kafka: not joined to the consumer group yet")
 	}
 	return nil
+}
+
+// readyValue is the inboxworker_ready gauge, read at each scrape: /readyz as a metric, for alerts.
+func (w *worker) readyValue() float64 {
+	if w.pool == nil || w.consumer == nil || (w.ops != nil && w.ops.stopping.Load()) {
+		return 0 // still starting, or stopping
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if w.ready(ctx) != nil {
+		return 0
+	}
+	return 1
 }
 
 // run consumes until ctx is cancelled, then shuts down within SHUTDOWN_TIMEOUT and releases
