@@ -169,11 +169,15 @@ func checkKafka(ctx context.Context, cfg *Config, logger *slog.Logger) error {
 func waitForKafka(ctx context.Context, cfg *Config, logger *slog.Logger, admin *kafkaAdmin,
 	topics []string) (*kafka.MetadataResponse, error) {
 	var meta *kafka.MetadataResponse
+	hungUp := false // by any attempt: the last one may only have run out of time
 	err := waitFor(ctx, cfg.StartupTimeout, logger, "Kafka", func(ctx context.Context) error {
 		var err error
 		meta, err = admin.client.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
 		if errors.Is(err, kafka.SASLAuthenticationFailed) || errors.Is(err, kafka.UnsupportedSASLMechanism) {
 			return giveUp{err}
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			hungUp = true
 		}
 		return err
 	})
@@ -187,7 +191,7 @@ func waitForKafka(ctx context.Context, cfg *Config, logger *slog.Logger, admin *
 			return nil, ctx.Err()
 		}
 		var hint string
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		if hungUp {
 			// A broker that does not like a client's TLS or SASL often just hangs up.
 			hint = " (the brokers hung up: check KAFKA_TLS, KAFKA_SASL_MECHANISM, KAFKA_USERNAME and KAFKA_PASSWORD)"
 		}
