@@ -109,6 +109,7 @@ var commands = []*command{
 		details: "Starts an embedded Kafka broker (the real wire protocol, in memory) on DEV_KAFKA_ADDR with\n" +
 			"the topics and their dead-letter topics created, prints how to produce to it, then runs the\n" +
 			"worker against it until stopped. SMS are only logged unless SMS_PROVIDER_URL is set.",
+		defaults: map[string]string{"LOG_FORMAT": "text"},
 		settings: join([]string{"DEV_KAFKA_ADDR", "KAFKA_GROUP_ID", "KAFKA_SESSION_TIMEOUT"},
 			databaseSettings, workerSettings, []string{"HTTP_ADDR"}, logSettings),
 		run: devCommand,

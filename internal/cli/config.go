@@ -42,6 +42,9 @@ type Config struct {
 	RetryMaxInterval     time.Duration
 	RetryMaxElapsed      time.Duration
 
+	// InboxRetentionPayments and InboxRetentionSMS are how long idempotency keys are remembered.
+	// Zero (the default) means "as long as the topic can redeliver": settled at start from the
+	// topic's configuration (see settleRetention).
 	InboxRetentionPayments time.Duration
 	InboxRetentionSMS      time.Duration
 
@@ -151,12 +154,14 @@ var settings = []*setting{
 	{env: "RETRY_MAX_ELAPSED", flag: "retry-max-elapsed", def: "5m", meta: "DURATION",
 		usage: "retry budget of one message, after which it is dead-lettered",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.RetryMaxElapsed, v) }},
-	{env: "INBOX_RETENTION_PAYMENTS", flag: "inbox-retention-payments", def: "72h", meta: "DURATION",
-		usage: "how long a payment callback's idempotency key is remembered",
-		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.InboxRetentionPayments, v) }},
-	{env: "INBOX_RETENTION_SMS", flag: "inbox-retention-sms", def: "24h", meta: "DURATION",
-		usage: "how long an SMS event's idempotency key is remembered",
-		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.InboxRetentionSMS, v) }},
+	{env: "INBOX_RETENTION_PAYMENTS", flag: "inbox-retention-payments", meta: "DURATION",
+		usage: "how long a payment callback's idempotency key is remembered " +
+			"(unset: the topic's retention.ms + segment.ms + 1h, read at start)",
+		set: func(c *Config, v string) error { return parseOptionalDuration(&c.InboxRetentionPayments, v) }},
+	{env: "INBOX_RETENTION_SMS", flag: "inbox-retention-sms", meta: "DURATION",
+		usage: "how long an SMS event's idempotency key is remembered " +
+			"(unset: the topic's retention.ms + segment.ms + 1h, read at start)",
+		set: func(c *Config, v string) error { return parseOptionalDuration(&c.InboxRetentionSMS, v) }},
 	{env: "BATCH_SIZE", flag: "batch-size", def: "256", meta: "N",
 		usage: "most messages of one partition applied in one transaction (1: a transaction per message)",
 		set:   func(c *Config, v string) error { return parseLimit(&c.BatchSize, v) }},
@@ -379,8 +384,8 @@ func (c *Config) masked(ss []*setting) []slog.Attr {
 		"RETRY_INITIAL_INTERVAL":   c.RetryInitialInterval.String(),
 		"RETRY_MAX_INTERVAL":       c.RetryMaxInterval.String(),
 		"RETRY_MAX_ELAPSED":        c.RetryMaxElapsed.String(),
-		"INBOX_RETENTION_PAYMENTS": c.InboxRetentionPayments.String(),
-		"INBOX_RETENTION_SMS":      c.InboxRetentionSMS.String(),
+		"INBOX_RETENTION_PAYMENTS": retentionText(c.InboxRetentionPayments),
+		"INBOX_RETENTION_SMS":      retentionText(c.InboxRetentionSMS),
 		"BATCH_SIZE":               strconv.Itoa(c.BatchSize),
 		"BATCH_WAIT":               c.BatchWait.String(),
 		"HTTP_ADDR":                c.HTTPAddr,
@@ -415,6 +420,23 @@ func parseNonEmpty(dst *string, v string) error {
 	}
 	*dst = v
 	return nil
+}
+
+// parseOptionalDuration is parsePositiveDuration, with "" for 0: not set.
+func parseOptionalDuration(dst *time.Duration, v string) error {
+	if v == "" {
+		*dst = 0
+		return nil
+	}
+	return parsePositiveDuration(dst, v)
+}
+
+// retentionText is an inbox retention for the startup line: unset ones are settled later.
+func retentionText(d time.Duration) string {
+	if d == 0 {
+		return "from the topic"
+	}
+	return d.String()
 }
 
 func parsePositiveDuration(dst *time.Duration, v string) error {
