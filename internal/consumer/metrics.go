@@ -71,6 +71,7 @@ func (m *Metrics) initSeries(topics []string) {
 		}
 		m.Retries.WithLabelValues(topic)
 		m.Handle.WithLabelValues(topic)
+		m.DeadLettersStored.WithLabelValues(topic)
 	}
 }
 
