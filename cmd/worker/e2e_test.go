@@ -141,6 +141,9 @@ func testEndToEnd(t *testing.T, env *environment) {
 		"RETRY_MAX_ELAPSED=2s",
 		"SHUTDOWN_TIMEOUT=10s",
 		"STARTUP_TIMEOUT=" + env.startupTimeout,
+		// Set shorter than the topics' retention on purpose: the worker must warn.
+		"INBOX_RETENTION_PAYMENTS=72h",
+		"INBOX_RETENTION_SMS=24h",
 	}, "run")
 	base := p.httpAddr()
 
@@ -153,7 +156,7 @@ func testEndToEnd(t *testing.T, env *environment) {
 		}
 		return ""
 	})
-	// Both brokers keep messages 7 days by default, longer than the inbox keys' 72h and 24h.
+	// Both brokers keep messages 7 days by default, longer than the inbox keys' explicit 72h and 24h.
 	for _, setting := range []string{"INBOX_RETENTION_PAYMENTS", "INBOX_RETENTION_SMS"} {
 		if w := p.findLog(retentionWarning, "setting", setting); w == nil || w["topic_retention"] != "168h0m0s" {
 			t.Errorf("no warning that %s is shorter than the topic's 7 days: %v", setting, w)

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -31,6 +32,9 @@ type Config struct {
 	RetryMaxInterval     time.Duration
 	RetryMaxElapsed      time.Duration
 
+	// InboxRetentionPayments and InboxRetentionSMS are how long idempotency keys are remembered.
+	// Zero (the default) means "as long as the topic can redeliver": settled at start from the
+	// topic's configuration (see checkKafka).
 	InboxRetentionPayments time.Duration
 	InboxRetentionSMS      time.Duration
 
@@ -150,12 +154,16 @@ var settings = []*setting{
 	{env: "RETRY_MAX_ELAPSED", flag: "retry-max-elapsed", def: "5m", meta: "DURATION", use: useWorker,
 		usage: "retry budget of one message, after which it is dead-lettered",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.RetryMaxElapsed, v) }},
-	{env: "INBOX_RETENTION_PAYMENTS", flag: "inbox-retention-payments", def: "72h", meta: "DURATION", use: useWorker,
-		usage: "how long a payment callback's idempotency key is remembered",
-		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.InboxRetentionPayments, v) }},
-	{env: "INBOX_RETENTION_SMS", flag: "inbox-retention-sms", def: "24h", meta: "DURATION", use: useWorker,
-		usage: "how long an SMS event's idempotency key is remembered",
-		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.InboxRetentionSMS, v) }},
+	{env: "INBOX_RETENTION_PAYMENTS", flag: "inbox-retention-payments", meta: "DURATION", use: useWorker,
+		canonical: settledFromTopic,
+		usage: "how long a payment callback's idempotency key is remembered " +
+			"(unset: the topic's retention.ms + segment.ms + 1h, read at start)",
+		set: func(c *Config, v string) error { return parseOptionalDuration(&c.InboxRetentionPayments, v) }},
+	{env: "INBOX_RETENTION_SMS", flag: "inbox-retention-sms", meta: "DURATION", use: useWorker,
+		canonical: settledFromTopic,
+		usage: "how long an SMS event's idempotency key is remembered " +
+			"(unset: the topic's retention.ms + segment.ms + 1h, read at start)",
+		set: func(c *Config, v string) error { return parseOptionalDuration(&c.InboxRetentionSMS, v) }},
 	{env: "BATCH_SIZE", flag: "batch-size", def: "256", meta: "N", use: useWorker,
 		usage: "most messages of one partition applied in one transaction (1: a transaction per message)",
 		set:   func(c *Config, v string) error { return parseLimit(&c.BatchSize, v) }},
@@ -196,6 +204,10 @@ var settings = []*setting{
 		usage: "do not apply pending migrations at start",
 		set:   func(c *Config, v string) error { return parseBool(&c.NoMigrate, v) }},
 }
+
+// settledFromTopic is how the startup line shows an inbox retention: unset ones are settled later,
+// from the topic.
+func settledFromTopic(v string) string { return cmp.Or(v, "from the topic") }
 
 // check validates settings against one another, once each is parsed. name tells how to name a
 // setting in an error.

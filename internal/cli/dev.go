@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"strconv"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -24,13 +23,17 @@ func devCommand() *command {
 		details: "Starts an embedded Kafka broker (the real wire protocol, in memory) on DEV_KAFKA_ADDR with\n" +
 			"the topics and their dead-letter topics created, prints how to produce to it, then runs the\n" +
 			"worker against it until stopped. SMS are only logged unless SMS_PROVIDER_URL is set.",
-		use: useDev,
-		run: dev,
+		defaults: map[string]string{"LOG_FORMAT": "text"},
+		use:      useDev,
+		run:      dev,
 	}
 }
 
 // dev is `worker dev`.
 func dev(ctx context.Context, a *app, cfg *Config, _ []string) error {
+	if !cfg.explicit["LOG_FORMAT"] {
+		_ = cfg.override("LOG_FORMAT", "text") // worker dev is watched by a person, as the demo is
+	}
 	logger := newLogger(cfg, a.stderr)
 	broker, err := startDevBroker(ctx, cfg, cfg.DevKafkaAddr, logger)
 	if err != nil {
@@ -55,8 +58,8 @@ type devBroker struct {
 }
 
 // startDevBroker starts a one-broker in-memory cluster on addr with the topics and their dead-letter
-// topics created. Each topic keeps messages as long as its inbox keeps keys, so that no key is
-// forgotten while the broker could still redeliver its message.
+// topics created, with Kafka's default configuration: the inbox retentions, unless set, follow the
+// topics' (see checkKafka), as they do against a real cluster.
 func startDevBroker(ctx context.Context, cfg *Config, addr string, logger *slog.Logger) (_ *devBroker, err error) {
 	c, err := kfake.NewCluster(
 		kfake.NumBrokers(1),
@@ -75,18 +78,13 @@ func startDevBroker(ctx context.Context, cfg *Config, addr string, logger *slog.
 	}()
 
 	req := &kafka.CreateTopicsRequest{}
-	for _, r := range routes(cfg) {
-		retention := strconv.FormatInt(r.retention.Milliseconds(), 10)
-		for _, name := range []string{r.topic, r.topic + cfg.DLQSuffix} {
-			req.Topics = append(req.Topics, kafka.TopicConfig{
-				Topic: name, NumPartitions: devPartitions, ReplicationFactor: 1,
-				ConfigEntries: []kafka.ConfigEntry{{ConfigName: "retention.ms", ConfigValue: retention}},
-			})
+	for _, t := range topics(cfg) {
+		for _, name := range []string{t, t + cfg.DLQSuffix} {
+			req.Topics = append(req.Topics, kafka.TopicConfig{Topic: name, NumPartitions: devPartitions, ReplicationFactor: 1})
 		}
 	}
-	transport := &kafka.Transport{ClientID: "inboxworker-dev"}
-	defer transport.CloseIdleConnections()
-	client := &kafka.Client{Addr: kafka.TCP(b.addr), Transport: transport, Timeout: 10 * time.Second}
+	client, closeClient := localClient(b.addr)
+	defer closeClient()
 	resp, err := client.CreateTopics(ctx, req)
 	if err == nil {
 		for _, e := range resp.Errors {
@@ -98,6 +96,13 @@ func startDevBroker(ctx context.Context, cfg *Config, addr string, logger *slog.
 	}
 	logger.Info("embedded Kafka broker listening", slog.String("addr", b.addr))
 	return b, nil
+}
+
+// localClient is a kafka-go client of the embedded broker. Call the returned function when done.
+func localClient(addr string) (*kafka.Client, func()) {
+	transport := &kafka.Transport{ClientID: "inboxworker-dev"}
+	return &kafka.Client{Addr: kafka.TCP(addr), Transport: transport, Timeout: 10 * time.Second},
+		transport.CloseIdleConnections
 }
 
 func (b *devBroker) printHowTo(w io.Writer, cfg *Config) {

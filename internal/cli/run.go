@@ -52,9 +52,10 @@ func logStart(ctx context.Context, logger *slog.Logger, command string, cfg *Con
 // are unique per name), how long its keys are remembered and the setting that says so, and how its
 // handler is built.
 type route struct {
-	topic            string
-	inbox            string
-	retention        time.Duration
+	topic string
+	inbox string
+	// retention is the setting's field: 0 when unset, until checkKafka settles it from the topic.
+	retention        *time.Duration
 	retentionSetting string
 	handler          func(cfg *Config, logger *slog.Logger) (consumer.Handler, error)
 }
@@ -66,12 +67,12 @@ const paymentsInbox = "payments"
 func routes(cfg *Config) []route {
 	return []route{
 		{topic: cfg.TopicPayments, inbox: paymentsInbox,
-			retention: cfg.InboxRetentionPayments, retentionSetting: "INBOX_RETENTION_PAYMENTS",
+			retention: &cfg.InboxRetentionPayments, retentionSetting: "INBOX_RETENTION_PAYMENTS",
 			handler: func(_ *Config, logger *slog.Logger) (consumer.Handler, error) {
 				return payment.NewHandler(payment.Config{Logger: logger})
 			}},
 		{topic: cfg.TopicSMS, inbox: "sms",
-			retention: cfg.InboxRetentionSMS, retentionSetting: "INBOX_RETENTION_SMS",
+			retention: &cfg.InboxRetentionSMS, retentionSetting: "INBOX_RETENTION_SMS",
 			handler: func(cfg *Config, logger *slog.Logger) (consumer.Handler, error) {
 				sender, err := smsSender(cfg, logger)
 				if err != nil {
@@ -103,14 +104,15 @@ type workerOptions struct {
 // worker is the assembled process: a database pool, the inbox, the handlers behind the consumer,
 // and the HTTP endpoints.
 type worker struct {
-	cfg      *Config
-	logger   *slog.Logger
-	pool     *pgxpool.Pool
-	store    *inbox.Store
-	consumer *consumer.Consumer
-	registry *prometheus.Registry
-	metrics  *consumer.Metrics
-	ops      *opsServer
+	cfg       *Config
+	logger    *slog.Logger
+	pool      *pgxpool.Pool
+	store     *inbox.Store
+	consumer  *consumer.Consumer
+	registry  *prometheus.Registry
+	metrics   *consumer.Metrics
+	anomalies *anomalyGauge
+	ops       *opsServer
 }
 
 // newWorker connects to Postgres and Kafka (waiting up to STARTUP_TIMEOUT for each), migrates, and
@@ -129,6 +131,11 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	w.metrics = consumer.NewMetrics(w.registry)
+	w.anomalies = newAnomalyGauge(w.registry)
+	w.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "inboxworker_ready",
+		Help: "1 when the instance is ready (what /readyz answers with 200: Postgres answers, the consumer has joined its group, not stopping), else 0.",
+	}, w.readyValue))
 	// The port is taken first, so that a port in use is reported before anything else is done.
 	// Requests wait in the listen queue until run serves them, when every part is built.
 	if opts.serveHTTP {
@@ -145,31 +152,43 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 			return nil, err
 		}
 	}
-	if err := w.wire(ctx, routes(cfg)); err != nil {
+	if err := w.wire(ctx); err != nil {
 		return nil, err
 	}
 	return w, nil
 }
 
-// wire checks the routes' topics, then builds the inbox, the handlers and the consumer.
-func (w *worker) wire(ctx context.Context, routes []route) error {
-	cfg, logger := w.cfg, w.logger
-	var checked []startup.Topic
-	for _, r := range routes {
-		checked = append(checked, startup.Topic{Name: r.topic, InboxRetention: r.retention,
-			RetentionSetting: r.retentionSetting})
+// checkKafka waits up to STARTUP_TIMEOUT for the brokers, warns about the routes' topics that do
+// not exist, and settles the routes' inbox retentions against their topics' (in cfg).
+func checkKafka(ctx context.Context, cfg *Config, logger *slog.Logger) error {
+	rs := routes(cfg)
+	topics := make([]startup.Topic, len(rs))
+	for i, r := range rs {
+		topics[i] = startup.Topic{Name: r.topic, InboxRetention: *r.retention, RetentionSetting: r.retentionSetting}
 	}
-	if err := startup.CheckKafka(ctx, kafkaOf(cfg, logger), checked); err != nil {
+	if err := startup.CheckKafka(ctx, kafkaOf(cfg, logger), topics); err != nil {
+		return err
+	}
+	for i, r := range rs {
+		*r.retention = topics[i].InboxRetention
+	}
+	return nil
+}
+
+// wire checks the routes' topics, then builds the inbox, the handlers and the consumer.
+func (w *worker) wire(ctx context.Context) error {
+	cfg, logger := w.cfg, w.logger
+	if err := checkKafka(ctx, cfg, logger); err != nil {
 		return err
 	}
 	retention := map[string]time.Duration{}
 	var consumed []consumer.Route
-	for _, r := range routes {
+	for _, r := range routes(cfg) {
 		h, err := r.handler(cfg, logger)
 		if err != nil {
 			return err
 		}
-		retention[r.inbox] = r.retention
+		retention[r.inbox] = *r.retention
 		consumed = append(consumed, consumer.Route{Topic: r.topic, Name: r.inbox, Handler: h})
 	}
 	var err error
@@ -265,6 +284,19 @@ func (w *worker) ready(ctx context.Context) error {
 	return nil
 }
 
+// readyValue is the inboxworker_ready gauge, read at each scrape: /readyz as a metric, for alerts.
+func (w *worker) readyValue() float64 {
+	if w.pool == nil || w.consumer == nil || (w.ops != nil && w.ops.stopping.Load()) {
+		return 0 // still starting, or stopping
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if w.ready(ctx) != nil {
+		return 0
+	}
+	return 1
+}
+
 // run consumes until ctx is cancelled, then shuts down within SHUTDOWN_TIMEOUT and releases
 // everything. It returns nil after a clean stop.
 func (w *worker) run(ctx context.Context) (err error) {
@@ -278,6 +310,7 @@ func (w *worker) run(ctx context.Context) (err error) {
 	}
 	purgeCtx, stopPurge := context.WithCancel(ctx)
 	wg.Go(func() { w.store.RunPurger(purgeCtx, 0) }) // at the inbox's own interval
+	wg.Go(func() { w.anomalies.run(purgeCtx, w.pool, w.logger) })
 	stuck := false
 	defer func() {
 		stopPurge()

@@ -209,6 +209,15 @@ func parseNonEmpty(dst *string, v string) error {
 	return nil
 }
 
+// parseOptionalDuration is parsePositiveDuration, with "" for 0: not set.
+func parseOptionalDuration(dst *time.Duration, v string) error {
+	if v == "" {
+		*dst = 0
+		return nil
+	}
+	return parsePositiveDuration(dst, v)
+}
+
 func parsePositiveDuration(dst *time.Duration, v string) error {
 	d, err := time.ParseDuration(v)
 	if err != nil {

@@ -150,7 +150,8 @@ type Config struct {
 	// ShutdownTimeout is how long Run lets in-flight messages finish once its context is cancelled;
 	// then their work is cancelled and rolled back. Defaults to 30s.
 	ShutdownTimeout time.Duration
-	// LagInterval is how often the consumer_lag metric is refreshed. Defaults to 5s.
+	// LagInterval is how often the consumer_lag and consumer_stalled_seconds metrics of every
+	// partition of the routes' topics are refreshed. Defaults to 5s.
 	LagInterval time.Duration
 	// Pool reaches the migrated database. Required.
 	Pool *pgxpool.Pool
@@ -236,6 +237,7 @@ func New(config Config) (*Consumer, error) {
 	c.dlq = c.newDeadLetterWriter()
 	c.deadLetters = deadletter.NewStore(config.Pool)
 	c.lag = newLagReporter(c)
+	c.metrics.initSeries(c.topics())
 	return c, nil
 }
 

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
@@ -374,75 +372,4 @@ func TestNewValidates(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestIdempotencyKey(t *testing.T) {
-	t.Parallel()
-	for _, tt := range keyTests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			key, reason, err := consumer.IdempotencyKey(tt.msg)
-			if key != tt.wantKey || reason != tt.wantReason || (err != nil) != (tt.wantReason != "") {
-				t.Errorf("IdempotencyKey() = %q, %q, %v; want %q, %q", key, reason, err, tt.wantKey, tt.wantReason)
-			}
-		})
-	}
-}
-
-var keyTests = []struct {
-	name       string
-	msg        kafka.Message
-	wantKey    string
-	wantReason fault.Reason
-}{
-	{"Header", msgWith(`{"event_id":"e"}`, "Idempotency-Key", "h"), "h", ""},
-	{"HeaderAnyCase", msgWith(`{}`, "idempotency-key", "h"), "h", ""},
-	{"FallbackHeader", msgWith(`{"event_id":"e"}`, "X-Idempotent-Key", "x"), "x", ""},
-	{"HeaderFirst", kafka.Message{Value: []byte(`{}`), Headers: []kafka.Header{
-		{Key: "X-Idempotent-Key", Value: []byte("x")}, {Key: "Idempotency-Key", Value: []byte("h")}}}, "h", ""},
-	{"EventID", msgWith(`{"event_id":"e-1"}`, "", ""), "e-1", ""},
-	{"Unicode", msgWith(`{"event_id":"订单-1"}`, "", ""), "订单-1", ""},
-	{"Longest", msgWith(`{}`, "Idempotency-Key", strings.Repeat("é", 255)), strings.Repeat("é", 255), ""},
-	{"None", msgWith(`{"id":"e"}`, "", ""), "", fault.MissingIdempotencyKey},
-	{"NullEventID", msgWith(`{"event_id":null}`, "", ""), "", fault.MissingIdempotencyKey},
-	{"NotJSON", msgWith(`event_id=e`, "", ""), "", fault.MissingIdempotencyKey},
-	{"EmptyValue", msgWith(``, "", ""), "", fault.MissingIdempotencyKey},
-	{"NumberEventID", msgWith(`{"event_id":42}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"EmptyEventID", msgWith(`{"event_id":""}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"EmptyHeader", msgWith(`{"event_id":"e"}`, "Idempotency-Key", ""), "", fault.InvalidIdempotencyKey},
-	{"TooLong", msgWith(`{}`, "Idempotency-Key", strings.Repeat("k", 256)), "", fault.InvalidIdempotencyKey},
-	{"ControlChar", msgWith(`{}`, "Idempotency-Key", "a\nb"), "", fault.InvalidIdempotencyKey},
-	{"C1Control", msgWith(`{}`, "Idempotency-Key", "a\u0085b"), "", fault.InvalidIdempotencyKey},
-	{"BadUTF8", msgWith(`{}`, "Idempotency-Key", "a\xffb"), "", fault.InvalidIdempotencyKey},
-}
-
-func msgWith(value, headerKey, headerValue string) kafka.Message {
-	m := kafka.Message{Value: []byte(value)}
-	if headerKey != "" {
-		m.Headers = []kafka.Header{{Key: headerKey, Value: []byte(headerValue)}}
-	}
-	return m
-}
-
-func FuzzIdempotencyKey(f *testing.F) {
-	for _, tt := range keyTests {
-		var h string
-		if len(tt.msg.Headers) > 0 {
-			h = string(tt.msg.Headers[0].Value)
-		}
-		f.Add(string(tt.msg.Value), h)
-	}
-	f.Fuzz(func(t *testing.T, value, headerValue string) {
-		for _, m := range []kafka.Message{msgWith(value, "", ""), msgWith(value, "Idempotency-Key", headerValue)} {
-			key, reason, err := consumer.IdempotencyKey(m)
-			switch {
-			case err != nil && (key != "" || reason == ""):
-				t.Fatalf("failed with key %q and reason %q", key, reason)
-			case err == nil && (reason != "" || key == "" || len([]rune(key)) > 255):
-				t.Fatalf("accepted key %q with reason %q", key, reason)
-			case err == nil && (!utf8.ValidString(key) || strings.ContainsFunc(key, unicode.IsControl)):
-				t.Fatalf("accepted key %q: not printable", key)
-			}
-		}
-	})
 }

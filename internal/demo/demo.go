@@ -26,6 +26,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/deadletter"
+	"github.com/inboxworker/inboxworker/internal/payment"
 )
 
 // Schema holds the demo's tables and orders. It is dropped and recreated on every run.
@@ -427,21 +428,16 @@ func readSummary(ctx context.Context, cfg Config) (*summary, error) {
 	}
 	s.applied[cfg.TopicSMS] = s.smsSent
 
-	rows, err := pool.Query(ctx, `SELECT kind, count(*) FROM payment_anomalies GROUP BY kind`)
+	anomalies, err := payment.CountAnomalies(ctx, pool)
 	if err != nil {
 		return nil, err
 	}
-	for rows.Next() {
-		var kind string
-		var n int
-		if err := rows.Scan(&kind, &n); err != nil {
-			return nil, err
+	for kind, n := range anomalies {
+		if n > 0 {
+			s.anomalies[kind] = int(n)
 		}
-		s.anomalies[kind] = n
 	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
+	rows, err := pool.Query(ctx, `SELECT order_no, status FROM orders ORDER BY order_no`)
 	rows, err = pool.Query(ctx, `SELECT order_no, status FROM orders ORDER BY order_no`)
 	if err != nil {
 		return nil, err

@@ -1,13 +1,15 @@
-// Package redact hides secrets in text bound for logs, errors and the startup line: passwords in
-// connection strings, and any secret the caller names (a SASL password, a provider token).
+// Package redact hides secrets in text bound for logs, errors and the startup line: passwords and
+// query values of URLs, and any secret the caller names (a SASL password, a provider token).
 //
 // It does not decide what is secret (the settings do) and does not mask phone numbers: package
 // notify does, for the messages it reads.
 package redact
 
 import (
+	"maps"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -38,10 +40,21 @@ func Scrubber(secrets ...string) func(string) string {
 var (
 	urlPassword = regexp.MustCompile(`(://[^:/?#@]*:)[^@]*@`)
 	kvPassword  = regexp.MustCompile(`(?i)((?:ssl)?password=)('[^']*'|[^ &]*)`)
+	urlQuery    = regexp.MustCompile(`([?&][^=&#]*=)[^&#]*`)
 )
 
-// URL masks every password a connection string may carry: in its user info and in password
-// parameters. It works on strings that do not parse, too.
+// shownQueryParams are the query parameters whose values URL shows: Postgres connection
+// parameters that are never secret. Any other value may be one (an SMS gateway's api_key, a
+// signature, sslpassword) and is masked.
+var shownQueryParams = map[string]bool{
+	"sslmode": true, "user": true, "host": true, "port": true, "dbname": true, "application_name": true,
+	"connect_timeout": true, "target_session_attrs": true, "search_path": true, "sslrootcert": true,
+	"pool_max_conns": true, "pool_min_conns": true,
+}
+
+// URL masks what a URL may carry of a secret: the password of its user info and every query value
+// but those of shownQueryParams; in a key=value connection string, its passwords. It works on
+// strings that do not parse, too.
 func URL(s string) string {
 	if s == "" {
 		return ""
@@ -50,21 +63,39 @@ func URL(s string) string {
 		if _, has := u.User.Password(); has {
 			u.User = url.UserPassword(u.User.Username(), Mask)
 		}
-		q := u.Query()
-		masked := false
-		for k := range q {
-			if strings.EqualFold(k, "password") || strings.EqualFold(k, "sslpassword") {
-				q.Set(k, Mask)
-				masked = true
-			}
-		}
-		if masked {
-			u.RawQuery = q.Encode()
+		if u.RawQuery != "" {
+			u.RawQuery = maskQuery(u.RawQuery)
 		}
 		return u.String()
 	}
 	s = urlPassword.ReplaceAllString(s, "${1}"+Mask+"@")
+	if strings.Contains(s, "://") {
+		s = urlQuery.ReplaceAllString(s, "${1}"+Mask)
+	}
 	return kvPassword.ReplaceAllString(s, "${1}"+Mask)
+}
+
+// maskQuery returns a URL's query, sorted by name, with every value masked but those of
+// shownQueryParams, and a name without a value (which may be a key itself, as in ?K3Y) masked whole.
+func maskQuery(rawQuery string) string {
+	q, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return Mask
+	}
+	parts := make([]string, 0, len(q))
+	for _, name := range slices.Sorted(maps.Keys(q)) {
+		for _, v := range q[name] {
+			switch {
+			case shownQueryParams[strings.ToLower(name)]:
+				parts = append(parts, url.QueryEscape(name)+"="+url.QueryEscape(v))
+			case v == "":
+				parts = append(parts, Mask)
+			default:
+				parts = append(parts, url.QueryEscape(name)+"="+Mask)
+			}
+		}
+	}
+	return strings.Join(parts, "&")
 }
 
 // pgxQuotedConnString is how pgx quotes the connection string in its errors.

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
@@ -92,11 +91,15 @@ func (a *Admin) WaitReady(ctx context.Context, topics []string) (*kafka.Metadata
 	k := a.k
 	scrub := redact.Scrubber(k.Password)
 	var meta *kafka.MetadataResponse
+	hungUp := false // by any attempt: the last one may only have run out of time
 	err := waitFor(ctx, k.Timeout, k.Logger, "Kafka", func(ctx context.Context) error {
 		var err error
 		meta, err = a.Client.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
 		if errors.Is(err, kafka.SASLAuthenticationFailed) || errors.Is(err, kafka.UnsupportedSASLMechanism) {
 			return giveUp{err}
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			hungUp = true
 		}
 		return err
 	})
@@ -109,7 +112,7 @@ func (a *Admin) WaitReady(ctx context.Context, topics []string) (*kafka.Metadata
 			return nil, ctx.Err()
 		}
 		var hint string
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		if hungUp {
 			// A broker that does not like a client's TLS or SASL often just hangs up.
 			hint = " (the brokers hung up: check KAFKA_TLS, KAFKA_SASL_MECHANISM, KAFKA_USERNAME and KAFKA_PASSWORD)"
 		}
@@ -119,16 +122,18 @@ func (a *Admin) WaitReady(ctx context.Context, topics []string) (*kafka.Metadata
 	return meta, nil
 }
 
-// A Topic is a consumed topic and how long its inbox remembers keys, for CheckTopics.
+// A Topic is a consumed topic and how long its inbox remembers keys, for CheckKafka.
 type Topic struct {
-	Name           string
+	Name string
+	// InboxRetention is how long its inbox remembers keys, as set; 0 when unset, for CheckKafka to
+	// settle from the topic's configuration (see settleRetention).
 	InboxRetention time.Duration
-	// RetentionSetting names the setting of InboxRetention, for the warning.
+	// RetentionSetting names the setting of InboxRetention, for the logs.
 	RetentionSetting string
 }
 
-// CheckKafka waits for the brokers (WaitReady), then warns about each topic that does not exist and
-// each inbox retention shorter than its topic's retention.
+// CheckKafka waits for the brokers (WaitReady), then warns about each topic that does not exist,
+// and settles each topic's InboxRetention against the topic's configuration, in place.
 func CheckKafka(ctx context.Context, k Kafka, topics []Topic) error {
 	admin, err := NewAdmin(k)
 	if err != nil {
@@ -149,74 +154,17 @@ func CheckKafka(ctx context.Context, k Kafka, topics []Topic) error {
 			present[t.Name] = true
 		}
 	}
-	var existing []Topic
-	for _, t := range topics {
-		if present[t.Name] {
+	var existing []string
+	for _, t := range names {
+		if present[t] {
 			existing = append(existing, t)
 			continue
 		}
 		k.Logger.WarnContext(ctx, "topic does not exist (yet): the worker consumes it once it is created",
-			slog.String("topic", t.Name))
+			slog.String("topic", t))
 	}
-	admin.checkRetention(ctx, existing)
+	admin.settleRetention(ctx, topics, existing)
 	return nil
-}
-
-// retentionWarning is the message of the warning about an inbox that forgets keys too soon.
-const retentionWarning = "inbox retention is shorter than the topic's retention"
-
-// checkRetention warns when an inbox forgets keys sooner than Kafka forgets messages: a message
-// redelivered after its key was purged (a consumer group reset to the earliest offset, say) would
-// be applied twice. A failure to read the topic configuration is logged and otherwise ignored.
-func (a *Admin) checkRetention(ctx context.Context, topics []Topic) {
-	if len(topics) == 0 {
-		return
-	}
-	logger := a.k.Logger
-	byName := map[string]Topic{}
-	req := &kafka.DescribeConfigsRequest{}
-	for _, t := range topics {
-		byName[t.Name] = t
-		req.Resources = append(req.Resources, kafka.DescribeConfigRequestResource{
-			ResourceType: kafka.ResourceTypeTopic, ResourceName: t.Name, ConfigNames: []string{"retention.ms"}})
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	resp, err := a.Client.DescribeConfigs(ctx, req)
-	if err != nil {
-		logger.WarnContext(ctx, "could not read the topics' retention.ms", slog.String("err", err.Error()))
-		return
-	}
-	for _, r := range resp.Resources {
-		if r.Error != nil {
-			logger.WarnContext(ctx, "could not read the topic's retention.ms", slog.String("topic", r.ResourceName),
-				slog.String("err", r.Error.Error()))
-			continue
-		}
-		for _, e := range r.ConfigEntries {
-			if e.ConfigName != "retention.ms" {
-				continue
-			}
-			ms, err := strconv.ParseInt(e.ConfigValue, 10, 64)
-			if err != nil {
-				continue
-			}
-			t := byName[r.ResourceName]
-			topicRetention := time.Duration(ms) * time.Millisecond
-			if ms >= 0 && t.InboxRetention >= topicRetention {
-				continue
-			}
-			kept := topicRetention.String()
-			if ms < 0 {
-				kept = "forever"
-			}
-			logger.WarnContext(ctx, retentionWarning,
-				slog.String("topic", r.ResourceName), slog.String("topic_retention", kept),
-				slog.String("setting", t.RetentionSetting), slog.String("inbox_retention", t.InboxRetention.String()),
-				slog.String("why", "a message Kafka redelivers after its key is purged would be applied again; "+
-					"raise "+t.RetentionSetting+" to at least the topic's retention.ms, or lower retention.ms"))
-		}
-	}
 }
 
 var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]+$`)
