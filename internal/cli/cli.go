@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/inboxworker/inboxworker/internal/envflag"
 )
 
 // Main runs the command in args (os.Args[1:]) with the environment read through getenv, and returns
@@ -52,7 +54,7 @@ type command struct {
 	summary string
 	details string
 	// use is the command's bit: it reads the settings whose use includes it.
-	use use
+	use uint64
 	// flags are the command's own flags, flag-only, bound to what its run reads.
 	flags []*setting
 	// defaults describes the command's own defaults, where they differ from the settings', by env name.
@@ -101,8 +103,8 @@ func (a *app) main(ctx context.Context, args []string) error {
 		}
 		return fmt.Errorf("unknown command %q (%s); see worker --help", args[0], commandNames())
 	}
-	cf := newConfigFlags(cmd.name, cmd.selected())
-	positional, err := cf.parse(args[1:])
+	fs := envflag.NewSet(cmd.name, cmd.selected())
+	positional, err := fs.Parse(args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		cmd.usage(a.stdout)
 		return err
@@ -113,7 +115,7 @@ func (a *app) main(ctx context.Context, args []string) error {
 	if len(positional) > cmd.maxArgs {
 		return fmt.Errorf("unexpected argument %q (see worker %s --help)", positional[cmd.maxArgs], cmd.name)
 	}
-	cfg, err := cf.config(a.getenv)
+	cfg, err := resolve(fs, a.getenv)
 	if err != nil {
 		return err
 	}
@@ -139,7 +141,7 @@ func findCommand(name string) *command {
 func (c *command) selected() []*setting {
 	var out []*setting
 	for _, s := range settings {
-		if s.use&c.use != 0 {
+		if s.Use&c.use != 0 {
 			out = append(out, s)
 		}
 	}
@@ -165,7 +167,7 @@ command, wins over it. "worker COMMAND --help" lists the flags a command reads.
 
 Flags:
 `)
-	printFlags(w, all, nil)
+	envflag.PrintHelp(w, all, nil)
 }
 
 func (c *command) usage(w io.Writer) {
@@ -174,28 +176,7 @@ func (c *command) usage(w io.Writer) {
 		fmt.Fprintf(w, " %s", c.args)
 	}
 	fmt.Fprintf(w, "\n\n%s\n\nFlags (each wins over its environment variable):\n", c.details)
-	printFlags(w, c.selected(), c.defaults)
-}
-
-func printFlags(w io.Writer, ss []*setting, defaults map[string]string) {
-	for _, s := range ss {
-		head := "  --" + s.flag
-		if !s.boolean() {
-			head += " " + s.meta
-		}
-		var notes []string
-		if s.env != "" {
-			notes = append(notes, "env "+s.env)
-		}
-		if d, ok := defaults[s.env]; ok {
-			notes = append(notes, "default "+d)
-		} else if s.def != "" {
-			notes = append(notes, fmt.Sprintf("default %q", s.def))
-		} else {
-			notes = append(notes, "default unset")
-		}
-		fmt.Fprintf(w, "%s  (%s)\n        %s\n", head, strings.Join(notes, ", "), s.usage)
-	}
+	envflag.PrintHelp(w, c.selected(), c.defaults)
 }
 
 // oneLine keeps an error message on one line.

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/inboxworker/inboxworker/internal/envflag"
 )
 
 // Config is the worker's configuration: every variable of the contract, read from the environment
@@ -55,61 +57,27 @@ type Config struct {
 
 	// used are the settings of the command being run, for the startup log line.
 	used []*setting
-	// explicit holds the env names of the settings given by flag or environment, not defaulted.
-	explicit map[string]bool
-	// shown holds each setting's value as the startup line shows it, by env name: the text it was
-	// resolved from, masked by the setting's kind.
-	shown map[string]string
+	// resolved is where each setting came from and how the startup line shows it.
+	resolved *envflag.Resolved
 }
 
-// A use is a set of commands that read a setting.
-type use uint
-
-const (
-	useRun use = 1 << iota
-	useMigrate
-	useDev
-	useDemo
-	useReplay
-
-	// useWorker are the commands that run the consumer: its tuning applies to them.
-	useWorker = useRun | useDev
-	// useBrokers are the commands that reach the brokers of KAFKA_BROKERS, not an embedded one.
-	useBrokers = useRun | useReplay
-	// useDatabase are the commands that reach DATABASE_URL: all of them.
-	useDatabase = useRun | useMigrate | useDev | useDemo | useReplay
-	// useTopics are the commands that know the consumed topics.
-	useTopics = useWorker | useDemo
-)
-
-// A kind says how the startup line shows a setting's value.
-type kind int
-
-const (
-	plain  kind = iota
-	secret      // never shown: "xxxxx" when set
-	url         // shown with its passwords and query values masked
-)
-
 // settings are every configuration variable, in the order --help and the startup log list them.
-// Each entry is all there is to a setting: adding one is adding an entry (and its Config field).
+// Each entry is all there is to a setting (variable, flag, default, help, how the startup line
+// shows it, which commands read it, its parser): adding one is adding an entry and its field.
 var settings = []*setting{
-	{env: "KAFKA_BROKERS", flag: "kafka-brokers", def: "127.0.0.1:9092", meta: "LIST", use: useBrokers,
-		usage: "comma-separated bootstrap brokers (host:port)",
-		set: func(c *Config, v string) (err error) {
-			c.KafkaBrokers, err = parseAddrList(v)
-			return err
-		}},
-	{env: "KAFKA_GROUP_ID", flag: "kafka-group-id", def: "inboxworker", meta: "NAME", use: useTopics,
-		usage: "consumer group",
-		set:   func(c *Config, v string) error { return parseNonEmpty(&c.KafkaGroupID, v) }},
-	{env: "KAFKA_SESSION_TIMEOUT", flag: "kafka-session-timeout", def: "10s", meta: "DURATION", use: useWorker,
-		usage: "how soon the group notices a dead worker and hands its partitions on",
-		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.KafkaSessionTimeout, v) }},
-	{env: "KAFKA_SASL_MECHANISM", flag: "kafka-sasl-mechanism", meta: "NAME", use: useBrokers,
-		canonical: strings.ToUpper,
-		usage:     "SASL mechanism for managed Kafka: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (unset: no SASL)",
-		set: func(c *Config, v string) error {
+	{Env: "KAFKA_BROKERS", Flag: "kafka-brokers", Default: "127.0.0.1:9092", Meta: "LIST", Use: useBrokers,
+		Usage: "comma-separated bootstrap brokers (host:port)",
+		Set:   func(c *Config, v string) error { return envflag.AddrList(&c.KafkaBrokers, v) }},
+	{Env: "KAFKA_GROUP_ID", Flag: "kafka-group-id", Default: "inboxworker", Meta: "NAME", Use: useTopics,
+		Usage: "consumer group",
+		Set:   func(c *Config, v string) error { return envflag.NonEmpty(&c.KafkaGroupID, v) }},
+	{Env: "KAFKA_SESSION_TIMEOUT", Flag: "kafka-session-timeout", Default: "10s", Meta: "DURATION", Use: useWorker,
+		Usage: "how soon the group notices a dead worker and hands its partitions on",
+		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.KafkaSessionTimeout, v) }},
+	{Env: "KAFKA_SASL_MECHANISM", Flag: "kafka-sasl-mechanism", Meta: "NAME", Use: useBrokers,
+		Shown: strings.ToUpper,
+		Usage: "SASL mechanism for managed Kafka: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (unset: no SASL)",
+		Set: func(c *Config, v string) error {
 			switch m := strings.ToUpper(v); m {
 			case "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
 				c.KafkaSASLMechanism = m
@@ -117,79 +85,79 @@ var settings = []*setting{
 			}
 			return fmt.Errorf("unknown mechanism %q (use PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)", v)
 		}},
-	{env: "KAFKA_USERNAME", flag: "kafka-username", meta: "NAME", use: useBrokers,
-		usage: "SASL user name",
-		set:   func(c *Config, v string) error { c.KafkaUsername = v; return nil }},
-	{env: "KAFKA_PASSWORD", flag: "kafka-password", meta: "SECRET", kind: secret, use: useBrokers,
-		usage: "SASL password (never logged)",
-		set:   func(c *Config, v string) error { c.KafkaPassword = v; return nil }},
-	{env: "KAFKA_TLS", flag: "kafka-tls", def: "false", use: useBrokers,
-		usage: "connect to the brokers over TLS",
-		set:   func(c *Config, v string) error { return parseBool(&c.KafkaTLS, v) }},
-	{env: "DATABASE_URL", flag: "database-url", meta: "URL", kind: url, use: useDatabase,
-		def:   "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-		usage: "Postgres holding the inbox and the business tables",
-		set:   func(c *Config, v string) error { return parseDatabaseURL(&c.DatabaseURL, v) }},
-	{env: "TOPIC_PAYMENTS", flag: "topic-payments", def: "payments.callbacks", meta: "TOPIC", use: useTopics,
-		usage: "payment callback topic",
-		set:   func(c *Config, v string) error { return parseTopic(&c.TopicPayments, v) }},
-	{env: "TOPIC_SMS", flag: "topic-sms", def: "notifications.sms", meta: "TOPIC", use: useTopics,
-		usage: "SMS event topic",
-		set:   func(c *Config, v string) error { return parseTopic(&c.TopicSMS, v) }},
-	{env: "DLQ_SUFFIX", flag: "dlq-suffix", def: ".dlq", meta: "SUFFIX", use: useTopics | useReplay,
-		usage: "dead-letter topic = source topic + suffix",
-		set:   func(c *Config, v string) error { return parseTopic(&c.DLQSuffix, v) }},
-	{env: "SMS_PROVIDER_URL", flag: "sms-provider-url", meta: "URL", kind: url, use: useTopics,
-		usage: "HTTP SMS gateway (unset: SMS are only logged, with a warning at start)",
-		set:   func(c *Config, v string) error { c.SMSProviderURL = v; return nil }},
-	{env: "SMS_PROVIDER_TOKEN", flag: "sms-provider-token", meta: "SECRET", kind: secret, use: useTopics,
-		usage: "sent to the SMS gateway as Authorization: Bearer (never logged)",
-		set:   func(c *Config, v string) error { c.SMSProviderToken = v; return nil }},
-	{env: "RETRY_INITIAL_INTERVAL", flag: "retry-initial-interval", def: "200ms", meta: "DURATION", use: useWorker,
-		usage: "first backoff of a retryable handler error (exponential, with jitter)",
-		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.RetryInitialInterval, v) }},
-	{env: "RETRY_MAX_INTERVAL", flag: "retry-max-interval", def: "30s", meta: "DURATION", use: useWorker,
-		usage: "longest backoff between two attempts",
-		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.RetryMaxInterval, v) }},
-	{env: "RETRY_MAX_ELAPSED", flag: "retry-max-elapsed", def: "5m", meta: "DURATION", use: useWorker,
-		usage: "retry budget of one message, after which it is dead-lettered",
-		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.RetryMaxElapsed, v) }},
-	{env: "INBOX_RETENTION_PAYMENTS", flag: "inbox-retention-payments", meta: "DURATION", use: useWorker,
-		canonical: settledFromTopic,
-		usage: "how long a payment callback's idempotency key is remembered " +
+	{Env: "KAFKA_USERNAME", Flag: "kafka-username", Meta: "NAME", Use: useBrokers,
+		Usage: "SASL user name",
+		Set:   func(c *Config, v string) error { c.KafkaUsername = v; return nil }},
+	{Env: "KAFKA_PASSWORD", Flag: "kafka-password", Meta: "SECRET", Shown: secret, Use: useBrokers,
+		Usage: "SASL password (never logged)",
+		Set:   func(c *Config, v string) error { c.KafkaPassword = v; return nil }},
+	{Env: "KAFKA_TLS", Flag: "kafka-tls", Default: "false", Use: useBrokers,
+		Usage: "connect to the brokers over TLS",
+		Set:   func(c *Config, v string) error { return envflag.Bool(&c.KafkaTLS, v) }},
+	{Env: "DATABASE_URL", Flag: "database-url", Meta: "URL", Shown: url, Use: useDatabase,
+		Default: "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+		Usage:   "Postgres holding the inbox and the business tables",
+		Set:     func(c *Config, v string) error { return parseDatabaseURL(&c.DatabaseURL, v) }},
+	{Env: "TOPIC_PAYMENTS", Flag: "topic-payments", Default: "payments.callbacks", Meta: "TOPIC", Use: useTopics,
+		Usage: "payment callback topic",
+		Set:   func(c *Config, v string) error { return parseTopic(&c.TopicPayments, v) }},
+	{Env: "TOPIC_SMS", Flag: "topic-sms", Default: "notifications.sms", Meta: "TOPIC", Use: useTopics,
+		Usage: "SMS event topic",
+		Set:   func(c *Config, v string) error { return parseTopic(&c.TopicSMS, v) }},
+	{Env: "DLQ_SUFFIX", Flag: "dlq-suffix", Default: ".dlq", Meta: "SUFFIX", Use: useTopics | useReplay,
+		Usage: "dead-letter topic = source topic + suffix",
+		Set:   func(c *Config, v string) error { return parseTopic(&c.DLQSuffix, v) }},
+	{Env: "SMS_PROVIDER_URL", Flag: "sms-provider-url", Meta: "URL", Shown: url, Use: useTopics,
+		Usage: "HTTP SMS gateway (unset: SMS are only logged, with a warning at start)",
+		Set:   func(c *Config, v string) error { c.SMSProviderURL = v; return nil }},
+	{Env: "SMS_PROVIDER_TOKEN", Flag: "sms-provider-token", Meta: "SECRET", Shown: secret, Use: useTopics,
+		Usage: "sent to the SMS gateway as Authorization: Bearer (never logged)",
+		Set:   func(c *Config, v string) error { c.SMSProviderToken = v; return nil }},
+	{Env: "RETRY_INITIAL_INTERVAL", Flag: "retry-initial-interval", Default: "200ms", Meta: "DURATION", Use: useWorker,
+		Usage: "first backoff of a retryable handler error (exponential, with jitter)",
+		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryInitialInterval, v) }},
+	{Env: "RETRY_MAX_INTERVAL", Flag: "retry-max-interval", Default: "30s", Meta: "DURATION", Use: useWorker,
+		Usage: "longest backoff between two attempts",
+		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryMaxInterval, v) }},
+	{Env: "RETRY_MAX_ELAPSED", Flag: "retry-max-elapsed", Default: "5m", Meta: "DURATION", Use: useWorker,
+		Usage: "retry budget of one message, after which it is dead-lettered",
+		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryMaxElapsed, v) }},
+	{Env: "INBOX_RETENTION_PAYMENTS", Flag: "inbox-retention-payments", Meta: "DURATION", Use: useWorker,
+		Shown: settledFromTopic,
+		Usage: "how long a payment callback's idempotency key is remembered " +
 			"(unset: the topic's retention.ms + segment.ms + 1h, read at start)",
-		set: func(c *Config, v string) error { return parseOptionalDuration(&c.InboxRetentionPayments, v) }},
-	{env: "INBOX_RETENTION_SMS", flag: "inbox-retention-sms", meta: "DURATION", use: useWorker,
-		canonical: settledFromTopic,
-		usage: "how long an SMS event's idempotency key is remembered " +
+		Set: func(c *Config, v string) error { return envflag.OptionalDuration(&c.InboxRetentionPayments, v) }},
+	{Env: "INBOX_RETENTION_SMS", Flag: "inbox-retention-sms", Meta: "DURATION", Use: useWorker,
+		Shown: settledFromTopic,
+		Usage: "how long an SMS event's idempotency key is remembered " +
 			"(unset: the topic's retention.ms + segment.ms + 1h, read at start)",
-		set: func(c *Config, v string) error { return parseOptionalDuration(&c.InboxRetentionSMS, v) }},
-	{env: "BATCH_SIZE", flag: "batch-size", def: "256", meta: "N", use: useWorker,
-		usage: "most messages of one partition applied in one transaction (1: a transaction per message)",
-		set:   func(c *Config, v string) error { return parseLimit(&c.BatchSize, v) }},
-	{env: "BATCH_WAIT", flag: "batch-wait", def: "5ms", meta: "DURATION", use: useWorker,
-		usage: "how long a batch waits for more messages after its first",
-		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.BatchWait, v) }},
-	{env: "HTTP_ADDR", flag: "http-addr", def: ":8080", meta: "ADDR", use: useWorker,
-		usage: "address of /metrics, /healthz and /readyz",
-		set:   func(c *Config, v string) error { return parseAddr(&c.HTTPAddr, v) }},
-	{env: "SHUTDOWN_TIMEOUT", flag: "shutdown-timeout", def: "30s", meta: "DURATION", use: useWorker,
-		usage: "on SIGTERM, how long in-flight messages may take to finish",
-		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.ShutdownTimeout, v) }},
-	{env: "STARTUP_TIMEOUT", flag: "startup-timeout", def: "15s", meta: "DURATION", use: useDatabase,
-		usage: "how long to wait for Postgres and Kafka at start before giving up",
-		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.StartupTimeout, v) }},
-	{env: "LOG_LEVEL", flag: "log-level", def: "info", meta: "LEVEL", use: useDatabase,
-		usage: "debug, info, warn or error",
-		set: func(c *Config, v string) error {
+		Set: func(c *Config, v string) error { return envflag.OptionalDuration(&c.InboxRetentionSMS, v) }},
+	{Env: "BATCH_SIZE", Flag: "batch-size", Default: "256", Meta: "N", Use: useWorker,
+		Usage: "most messages of one partition applied in one transaction (1: a transaction per message)",
+		Set:   func(c *Config, v string) error { return envflag.Limit(&c.BatchSize, v) }},
+	{Env: "BATCH_WAIT", Flag: "batch-wait", Default: "5ms", Meta: "DURATION", Use: useWorker,
+		Usage: "how long a batch waits for more messages after its first",
+		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.BatchWait, v) }},
+	{Env: "HTTP_ADDR", Flag: "http-addr", Default: ":8080", Meta: "ADDR", Use: useWorker,
+		Usage: "address of /metrics, /healthz and /readyz",
+		Set:   func(c *Config, v string) error { return envflag.Addr(&c.HTTPAddr, v) }},
+	{Env: "SHUTDOWN_TIMEOUT", Flag: "shutdown-timeout", Default: "30s", Meta: "DURATION", Use: useWorker,
+		Usage: "on SIGTERM, how long in-flight messages may take to finish",
+		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.ShutdownTimeout, v) }},
+	{Env: "STARTUP_TIMEOUT", Flag: "startup-timeout", Default: "15s", Meta: "DURATION", Use: useDatabase,
+		Usage: "how long to wait for Postgres and Kafka at start before giving up",
+		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.StartupTimeout, v) }},
+	{Env: "LOG_LEVEL", Flag: "log-level", Default: "info", Meta: "LEVEL", Use: useDatabase,
+		Usage: "debug, info, warn or error",
+		Set: func(c *Config, v string) error {
 			if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
 				return fmt.Errorf("invalid level %q (use debug, info, warn or error)", v)
 			}
 			return nil
 		}},
-	{env: "LOG_FORMAT", flag: "log-format", def: "json", meta: "FORMAT", use: useDatabase,
-		usage: "json (one object per line) or text (for people)",
-		set: func(c *Config, v string) error {
+	{Env: "LOG_FORMAT", Flag: "log-format", Default: "json", Meta: "FORMAT", Use: useDatabase,
+		Usage: "json (one object per line) or text (for people)",
+		Set: func(c *Config, v string) error {
 			switch v {
 			case "json", "text":
 				c.LogFormat = v
@@ -197,12 +165,12 @@ var settings = []*setting{
 			}
 			return fmt.Errorf("invalid format %q (use json or text)", v)
 		}},
-	{env: "DEV_KAFKA_ADDR", flag: "dev-kafka-addr", def: "127.0.0.1:9092", meta: "ADDR", use: useDev | useDemo,
-		usage: "where the embedded broker of worker dev and worker demo listens",
-		set:   func(c *Config, v string) error { return parseAddr(&c.DevKafkaAddr, v) }},
-	{flag: "no-migrate", def: "false", use: useRun,
-		usage: "do not apply pending migrations at start",
-		set:   func(c *Config, v string) error { return parseBool(&c.NoMigrate, v) }},
+	{Env: "DEV_KAFKA_ADDR", Flag: "dev-kafka-addr", Default: "127.0.0.1:9092", Meta: "ADDR", Use: useDev | useDemo,
+		Usage: "where the embedded broker of worker dev and worker demo listens",
+		Set:   func(c *Config, v string) error { return envflag.Addr(&c.DevKafkaAddr, v) }},
+	{Flag: "no-migrate", Default: "false", Use: useRun,
+		Usage: "do not apply pending migrations at start",
+		Set:   func(c *Config, v string) error { return envflag.Bool(&c.NoMigrate, v) }},
 }
 
 // settledFromTopic is how the startup line shows an inbox retention: unset ones are settled later,
@@ -213,7 +181,7 @@ func settledFromTopic(v string) string { return cmp.Or(v, "from the topic") }
 // setting in an error.
 func (c *Config) check(name func(env string) string) error {
 	fail := func(env, format string, args ...any) error {
-		return &settingError{name: name(env), err: fmt.Errorf(format, args...)}
+		return &settingError{Name: name(env), Err: fmt.Errorf(format, args...)}
 	}
 	switch {
 	case c.KafkaSASLMechanism != "" && c.KafkaUsername == "":
@@ -233,7 +201,7 @@ func (c *Config) check(name func(env string) string) error {
 	// The provider's URL and token are checked by the sender itself, here rather than once the
 	// connections are made.
 	if _, se := providerSender(c); se != nil {
-		se.name = name(se.name)
+		se.Name = name(se.Name)
 		return se
 	}
 	return nil
@@ -243,8 +211,8 @@ func (c *Config) check(name func(env string) string) error {
 func (c *Config) startupAttrs() []slog.Attr {
 	var attrs []slog.Attr
 	for _, s := range c.used {
-		if s.env != "" {
-			attrs = append(attrs, slog.String(s.env, c.shown[s.env]))
+		if s.Env != "" {
+			attrs = append(attrs, slog.String(s.Env, c.resolved.Shown[s.Env]))
 		}
 	}
 	return attrs

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxworker/inboxworker/internal/envflag"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
 
@@ -151,15 +152,15 @@ var contractDefaults = map[string]string{
 func TestDefaults(t *testing.T) {
 	t.Parallel()
 	for _, s := range settings {
-		if s.env == "" {
+		if s.Env == "" {
 			continue
 		}
-		want, ok := contractDefaults[s.env]
+		want, ok := contractDefaults[s.Env]
 		if !ok {
-			t.Errorf("%s is not in the contract", s.env)
+			t.Errorf("%s is not in the contract", s.Env)
 		}
-		if s.def != want {
-			t.Errorf("%s defaults to %q, the contract says %q", s.env, s.def, want)
+		if s.Default != want {
+			t.Errorf("%s defaults to %q, the contract says %q", s.Env, s.Default, want)
 		}
 	}
 	cfg := parseConfig(t, nil, "run")
@@ -172,7 +173,7 @@ func TestDefaults(t *testing.T) {
 		HTTPAddr: ":8080", ShutdownTimeout: 30 * time.Second, StartupTimeout: 15 * time.Second,
 		LogLevel: slog.LevelInfo, LogFormat: "json", DevKafkaAddr: "127.0.0.1:9092",
 	}
-	cfg.explicit, cfg.used, cfg.shown = nil, nil, nil
+	cfg.resolved, cfg.used = nil, nil
 	if got, want := fmt.Sprintf("%+v", *cfg), fmt.Sprintf("%+v", want); got != want {
 		t.Errorf("defaults:\n got %s\nwant %s", got, want)
 	}
@@ -181,11 +182,11 @@ func TestDefaults(t *testing.T) {
 // parseConfig resolves the configuration of command from env and args as Main would.
 func parseConfig(t *testing.T, env map[string]string, command string, args ...string) *Config {
 	t.Helper()
-	cf := newConfigFlags(command, findCommand(command).selected())
-	if _, err := cf.parse(args); err != nil {
+	fs := envflag.NewSet(command, findCommand(command).selected())
+	if _, err := fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := cf.config(func(k string) string { return env[k] })
+	cfg, err := resolve(fs, func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,19 +260,19 @@ func checkFlagsListed(t *testing.T, help string, ss []*setting, defaults map[str
 	for _, s := range ss {
 		line := ""
 		for l := range strings.Lines(help) {
-			if strings.HasPrefix(l, "  --"+s.flag+" ") {
+			if strings.HasPrefix(l, "  --"+s.Flag+" ") {
 				line = l
 			}
 		}
 		switch {
 		case line == "":
-			t.Errorf("--%s is not described", s.flag)
-		case s.env != "" && !strings.Contains(line, "env "+s.env):
-			t.Errorf("--%s does not name %s: %q", s.flag, s.env, line)
-		case defaults[s.env] != "" && !strings.Contains(line, "default "+defaults[s.env]):
-			t.Errorf("--%s does not give the command's default %q: %q", s.flag, defaults[s.env], line)
-		case defaults[s.env] == "" && s.def != "" && !strings.Contains(line, fmt.Sprintf("default %q", s.def)):
-			t.Errorf("--%s does not give its default %q: %q", s.flag, s.def, line)
+			t.Errorf("--%s is not described", s.Flag)
+		case s.Env != "" && !strings.Contains(line, "env "+s.Env):
+			t.Errorf("--%s does not name %s: %q", s.Flag, s.Env, line)
+		case defaults[s.Env] != "" && !strings.Contains(line, "default "+defaults[s.Env]):
+			t.Errorf("--%s does not give the command's default %q: %q", s.Flag, defaults[s.Env], line)
+		case defaults[s.Env] == "" && s.Default != "" && !strings.Contains(line, fmt.Sprintf("default %q", s.Default)):
+			t.Errorf("--%s does not give its default %q: %q", s.Flag, s.Default, line)
 		}
 	}
 }

@@ -28,13 +28,13 @@ func demoCommand() *command {
 func runDemo(ctx context.Context, a *app, cfg *Config, _ []string) error {
 	ctx, cancel := context.WithTimeout(ctx, demo.Timeout)
 	defer cancel()
-	if !cfg.explicit["LOG_FORMAT"] {
+	if !cfg.explicit("LOG_FORMAT") {
 		_ = cfg.override("LOG_FORMAT", "text") // the demo is watched by a person
 	}
 	logger := newLogger(cfg, a.stderr)
 
 	addr := "127.0.0.1:0"
-	if cfg.explicit["DEV_KAFKA_ADDR"] {
+	if cfg.explicit("DEV_KAFKA_ADDR") {
 		addr = cfg.DevKafkaAddr
 	}
 	broker, err := startDevBroker(ctx, cfg, addr, logger)

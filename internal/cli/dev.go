@@ -31,7 +31,7 @@ func devCommand() *command {
 
 // dev is `worker dev`.
 func dev(ctx context.Context, a *app, cfg *Config, _ []string) error {
-	if !cfg.explicit["LOG_FORMAT"] {
+	if !cfg.explicit("LOG_FORMAT") {
 		_ = cfg.override("LOG_FORMAT", "text") // worker dev is watched by a person, as the demo is
 	}
 	logger := newLogger(cfg, a.stderr)
@@ -68,7 +68,7 @@ func startDevBroker(ctx context.Context, cfg *Config, addr string, logger *slog.
 		kfake.WithLogger(kfakeLogger{logger}),
 	)
 	if err != nil {
-		return nil, &settingError{name: "DEV_KAFKA_ADDR", err: fmt.Errorf("start the embedded broker: %w", err)}
+		return nil, &settingError{Name: "DEV_KAFKA_ADDR", Err: fmt.Errorf("start the embedded broker: %w", err)}
 	}
 	b := &devBroker{Cluster: c, addr: c.ListenAddrs()[0]}
 	defer func() {

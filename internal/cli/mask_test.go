@@ -16,14 +16,14 @@ func TestStartupLogMasksEveryURL(t *testing.T) {
 	var urls []string
 	for _, s := range settings {
 		switch {
-		case s.env == "" || s.kind != url:
+		case s.Env == "" || s.Meta != "URL":
 			continue
-		case strings.HasPrefix(s.def, "postgres"):
-			env[s.env] = "postgres://app:pw-s3cret@db/shop?sslmode=disable&sslpassword=q-s3cret"
+		case strings.HasPrefix(s.Default, "postgres"):
+			env[s.Env] = "postgres://app:pw-s3cret@db/shop?sslmode=disable&sslpassword=q-s3cret"
 		default:
-			env[s.env] = "https://gw:pw-s3cret@sms.example/send?api_key=q-s3cret"
+			env[s.Env] = "https://gw:pw-s3cret@sms.example/send?api_key=q-s3cret"
 		}
-		urls = append(urls, s.env)
+		urls = append(urls, s.Env)
 	}
 	if len(urls) < 2 {
 		t.Fatalf("URL settings %v: want DATABASE_URL and SMS_PROVIDER_URL at least", urls)

@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/inboxworker/inboxworker/internal/deadletter"
+	"github.com/inboxworker/inboxworker/internal/envflag"
 	"github.com/inboxworker/inboxworker/internal/replay"
 )
 
@@ -33,15 +34,15 @@ func replayCommand() *command {
 			"cause you fixed.",
 		use: useReplay,
 		flags: []*setting{
-			{flag: "reason", meta: "REASON",
-				usage: "replay only the dead letters whose reason is REASON (unset: all)",
-				set:   func(_ *Config, v string) error { opts.Reason = v; return nil }},
-			{flag: "dry-run", def: "false",
-				usage: "print what would be replayed and write nothing",
-				set:   func(_ *Config, v string) error { return parseBool(&opts.DryRun, v) }},
-			{flag: "limit", meta: "N",
-				usage: "replay at most N dead letters (unset: all)",
-				set:   func(_ *Config, v string) error { return parseLimit(&opts.Limit, v) }},
+			{Flag: "reason", Meta: "REASON",
+				Usage: "replay only the dead letters whose reason is REASON (unset: all)",
+				Set:   func(_ *Config, v string) error { opts.Reason = v; return nil }},
+			{Flag: "dry-run", Default: "false",
+				Usage: "print what would be replayed and write nothing",
+				Set:   func(_ *Config, v string) error { return envflag.Bool(&opts.DryRun, v) }},
+			{Flag: "limit", Meta: "N",
+				Usage: "replay at most N dead letters (unset: all)",
+				Set:   func(_ *Config, v string) error { return envflag.Limit(&opts.Limit, v) }},
 		},
 		run: func(ctx context.Context, a *app, cfg *Config, args []string) error {
 			return runReplay(ctx, a, cfg, args, opts)

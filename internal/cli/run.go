@@ -265,10 +265,10 @@ func providerSender(cfg *Config) (*notify.HTTPSender, *settingError) {
 	sender, err := notify.NewHTTPSender(notify.HTTPConfig{URL: cfg.SMSProviderURL, Token: cfg.SMSProviderToken})
 	switch {
 	case errors.Is(err, notify.ErrInvalidToken):
-		return nil, &settingError{name: "SMS_PROVIDER_TOKEN", err: errors.New("must be printable ASCII without spaces")}
+		return nil, &settingError{Name: "SMS_PROVIDER_TOKEN", Err: errors.New("must be printable ASCII without spaces")}
 	case err != nil:
-		return nil, &settingError{name: "SMS_PROVIDER_URL",
-			err: fmt.Errorf("invalid URL %q (want http:// or https://)", redact.URL(cfg.SMSProviderURL))}
+		return nil, &settingError{Name: "SMS_PROVIDER_URL",
+			Err: fmt.Errorf("invalid URL %q (want http:// or https://)", redact.URL(cfg.SMSProviderURL))}
 	}
 	return sender, nil
 }
