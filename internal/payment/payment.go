@@ -5,10 +5,18 @@
 // commit together or not at all. An order only ever moves PENDING → PAID, by one conditional UPDATE
 // (never read-then-write); a callback that cannot pay the order is recorded for a person as a
 // payment_anomalies row (amount_mismatch, duplicate_payment, paid_after_cancel) and the order is left
-// as it is. A provider transaction already recorded, under whatever idempotency key, is reported as
+// as it is. A provider transaction already applied, under whatever idempotency key, is reported as
 // inbox.ErrAlreadyApplied, with nothing written.
 //
 // The rules, where the contract's table is silent:
+//   - A provider transaction belongs to one order and carries one amount and currency: the first
+//     callback of it that is recorded (paid, failed or flagged) writes them to payment_transactions,
+//     whose primary key is (provider, provider_txn_id). A later callback of it for another order,
+//     or with another amount or currency, is refused (invalid_payload, naming provider_txn_id,
+//     amount or currency), whatever its result and the state of its order, and records nothing. So
+//     a transaction that paid one order never becomes a refund flag on another, and a refund flag
+//     never stands on the transaction that paid. The primary key decides, not a read: of two
+//     callbacks recording one transaction at once, the second waits for the first to commit.
 //   - A FAILED callback never changes an order. On any existing order it is recorded as a payments
 //     row with result FAILED, unless that provider transaction already has a row (or paid the order):
 //     then it is a duplicate.
@@ -16,16 +24,19 @@
 //     retrying one payment intent) pays the order if it is still PENDING and matches, and its payments
 //     row becomes SUCCESS: one row per provider transaction, holding its final result.
 //   - One anomaly per provider transaction: a transaction already flagged (of any kind) is not flagged
-//     again, so one received payment is never refunded twice.
+//     again, so one received payment is never refunded twice. A unique index on payment_anomalies
+//     (provider, provider_txn_id) decides.
 //   - "Paid by the same provider_txn_id" means the order's provider_txn_id matches and the payments
 //     row that paid it, if any, is the same provider's.
-//   - A provider transaction already recorded for another order cannot pay this one: the callback is
-//     refused (invalid_payload, naming provider_txn_id) for a person to look at.
 //   - An unknown order is retryable with reason unknown_order, whatever the result.
 //
 // Handler.HandleBatch applies a batch of callbacks in one transaction with the same results: the
 // common case, a SUCCESS that pays a PENDING order, for the whole batch in one statement, and every
 // other callback as Handle does, in order.
+//
+// What a callback did (an anomaly at warn level; a payment, at debug) is logged once its transaction
+// commits (see inbox.AfterCommit), never for work rolled back; called outside a transaction of
+// package inbox, the handler logs nothing.
 //
 // payment does not retry, dead-letter, count or know Kafka: it returns nil (applied),
 // inbox.ErrAlreadyApplied (duplicate) or an error classified with package fault, and its caller does
