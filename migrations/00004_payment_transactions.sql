@@ -49,9 +49,6 @@ $$;
 
 CREATE UNIQUE INDEX payment_anomalies_provider_txn_key ON payment_anomalies (provider, provider_txn_id);
 
--- Statistics from the start, for the planner's first plans of the payment statements.
-ANALYZE orders, payments, payment_anomalies, payment_transactions;
-
 -- +goose Down
 DROP INDEX payment_anomalies_provider_txn_key;
 DROP TABLE payment_transactions;
