@@ -8,6 +8,9 @@
 // one key are arbitrated by the primary key: the second claim waits for the first transaction and
 // then sees its outcome.
 //
+// An effect reports what it did with AfterCommit: its actions run once the transaction committed,
+// and never for one rolled back.
+//
 // A key is remembered for its handler's retention (Config.Retention), then deleted by Purge, which
 // RunPurger calls periodically; a redelivery after that is applied again.
 //
