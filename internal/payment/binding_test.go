@@ -467,3 +467,25 @@ func TestLogsWhatCommitted(t *testing.T) {
 		}
 	})
 }
+
+// TestUniqueViolationIsRetryable: a payment row written by hand, outside the rules that record its
+// provider transaction first, makes the callback that pays with that transaction meet the unique
+// key. That is retried, as a conflict with another writer is, never a handler_error.
+func TestUniqueViolationIsRetryable(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	createOrder(t, e.pool, "ORD-1", "99.90", "CNY", "PENDING")
+	createOrder(t, e.pool, "ORD-2", "99.90", "CNY", "PENDING")
+	if _, err := e.pool.Exec(context.Background(), `
+		INSERT INTO payments (provider, provider_txn_id, order_no, amount, currency, result, idempotency_key)
+		VALUES ('alipay', 'T1', 'ORD-2', 99.90, 'CNY', 'FAILED', 'by-hand')`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.deliver(t, "k1", callback(t, nil))
+	if kind, reason, _ := fault.Classify(err); kind != fault.KindRetryable {
+		t.Fatalf("got %v/%s: %v; want retryable", kind, reason, err)
+	}
+	if got := readState(t, e.pool, "ORD-1"); got.Order != "PENDING" {
+		t.Fatalf("state:\n%s", got)
+	}
+}
