@@ -438,10 +438,10 @@ func readSummary(ctx context.Context, cfg Config) (*summary, error) {
 		}
 	}
 	rows, err := pool.Query(ctx, `SELECT order_no, status FROM orders ORDER BY order_no`)
-	rows, err = pool.Query(ctx, `SELECT order_no, status FROM orders ORDER BY order_no`)
 	if err != nil {
 		return nil, err
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var o [2]string
 		if err := rows.Scan(&o[0], &o[1]); err != nil {

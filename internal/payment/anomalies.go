@@ -15,6 +15,7 @@ func CountAnomalies(ctx context.Context, db interface {
 	if err != nil {
 		return nil, err
 	}
+	defer rows.Close()
 	counts := map[string]int64{AmountMismatch: 0, DuplicatePayment: 0, PaidAfterCancel: 0}
 	for rows.Next() {
 		var kind string
