@@ -3,10 +3,15 @@
 //
 // Commands: run (consume until SIGTERM/SIGINT), migrate (apply or list migrations), dev (an embedded
 // broker plus the worker), demo (dev plus a generated stream and a summary) and replay (put dead
-// letters back on their original topic). Configuration errors
-// and unreachable dependencies end the process with exit code 1 and one line naming the setting;
-// secrets never reach the output. cli holds no business logic: the order state machine, SMS sending,
-// the inbox and the Kafka runtime live in their own packages.
+// letters back on their original topic); each is declared in a file of its own. Every setting is
+// one entry of the table in config.go. Each route (topic, inbox name, retention, handler) is wired
+// once, in run.go. Configuration errors and unreachable dependencies end the process with exit
+// code 1 and one line naming the setting; secrets never reach the output.
+//
+// cli holds no business logic and no protocol work: the order state machine, SMS sending, the
+// inbox and the Kafka runtime live in their own packages, and so do what the commands do beyond
+// wiring: waiting for the dependencies (startup), replaying dead letters (replay), the demo's
+// scenario (demo), reading settings (envflag) and masking secrets (redact).
 package cli
 
 import (
