@@ -32,17 +32,43 @@ func TestShutdown(t *testing.T) {
 	})
 }
 
+// testShutdownInFlightFinishes holds a message's handler until the stop has begun: the consumer must
+// let it finish, apply it and commit its offset before Run returns.
 func testShutdownInFlightFinishes(t *testing.T, mode consumer.Transactions) {
 	e := setup(t, mode, 1)
-	entered := make(chan struct{})
-	c, stop := e.start(e.config(&recorder{fail: func(d inbox.Delivery) error {
-		close(entered)
-		time.Sleep(200 * time.Millisecond)
-		return nil
-	}}))
+	entered, release, finished := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	c, err := consumer.New(e.config(&recorder{
+		fail: func(d inbox.Delivery) error {
+			close(entered)
+			<-release
+			return nil
+		},
+		after: func(inbox.Delivery) { close(finished) },
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
 	e.produce("slow")
-	<-entered
-	stop()
+	select {
+	case <-entered:
+	case err := <-done:
+		t.Fatalf("Run returned before the handler ran: %v", err)
+	}
+
+	cancel() // the stop begins while the handler is held
+	close(release)
+	if err := <-done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	select {
+	case <-finished:
+	default:
+		t.Error("Run returned before the in-flight handler finished")
+	}
 	if c.Ready() {
 		t.Error("Ready() = true after Run returned")
 	}
