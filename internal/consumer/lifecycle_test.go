@@ -3,13 +3,16 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/fault"
@@ -139,12 +142,24 @@ func testDeadLetterTopicUnavailable(t *testing.T, mode consumer.Transactions) {
 		}
 		return nil
 	}})
+	var dlqRequests atomic.Int64
+	e.kafka.ControlKey(int16(kmsg.Metadata), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.kafka.KeepControl()
+		for _, t := range req.(*kmsg.MetadataRequest).Topics {
+			if t.Topic != nil && *t.Topic == dlqTopic {
+				dlqRequests.Add(1)
+			}
+		}
+		return nil, nil, false
+	})
 	e.start(config)
 	e.produce("bad", "next")
 	<-attempted
 
-	// No dead-letter topic yet: the partition waits.
-	time.Sleep(time.Second)
+	// No dead-letter topic yet: the partition waits, trying again. Wait for evidence of tries: the
+	// broker's requests naming the dead-letter topic.
+	const tries = 3
+	e.waitFor(fmt.Sprintf("%d requests for the dead-letter topic", tries), func() bool { return dlqRequests.Load() >= tries })
 	if got := e.committed(); got != 0 {
 		t.Fatalf("committed %d offsets without writing the dead letter", got)
 	}

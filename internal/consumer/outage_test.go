@@ -2,10 +2,12 @@ package consumer_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -56,11 +58,20 @@ func testDatabaseOutage(t *testing.T, mode consumer.Transactions) {
 	during := append([]string{"held"}, keys("during", 20)...)
 	e.produce(during...)
 	<-held
+	cut := time.Now()
 	proxy.cut()
 	close(release)
-	// Long enough for every message's retry budget to run out several times over, were the outage
-	// counted against it.
-	time.Sleep(10 * config.Retry.MaxElapsed)
+	// The worker keeps trying the database: wait for that evidence (each refused connection is a
+	// try), and for the retry budget to have run out several times over, were the outage counted
+	// against it.
+	const tries = 60
+	e.waitFor(fmt.Sprintf("%d connections refused during the outage", tries), func() bool {
+		return proxy.refused.Load() >= tries && time.Since(cut) > 3*config.Retry.MaxElapsed
+	})
+	t.Logf("%d connections refused in %v", proxy.refused.Load(), time.Since(cut))
+	if dead := e.deadLetters(); len(dead) != 0 {
+		t.Fatalf("%d messages dead-lettered during the outage", len(dead))
+	}
 	if got := len(e.effects()); got != len(before) {
 		t.Fatalf("%d messages applied while the database was unreachable", got-len(before))
 	}
@@ -86,6 +97,9 @@ type proxy struct {
 	target string
 	ln     net.Listener
 	wg     sync.WaitGroup
+
+	// refused counts the connections refused while down: each is one attempt to reach the database.
+	refused atomic.Int64
 
 	mu    sync.Mutex
 	down  bool
@@ -149,6 +163,7 @@ func (p *proxy) track(c net.Conn) bool {
 	defer p.mu.Unlock()
 	if p.down {
 		_ = c.Close()
+		p.refused.Add(1)
 		return false
 	}
 	p.conns[c] = true
