@@ -3,9 +3,13 @@ package main_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
@@ -67,9 +71,17 @@ func TestDev(t *testing.T) {
 		}
 		return ""
 	})
-	// The embedded broker keeps messages no longer than the inbox remembers keys.
-	if w := p.findLog(retentionWarning, "topic", topicSMS); w != nil {
-		t.Errorf("worker dev warns about its own topics' retention: %v", w)
+	// The embedded broker keeps messages no longer than the inbox remembers keys: the topics say so
+	// themselves, the worker could read that, and so did not warn.
+	for topic, inboxRetention := range map[string]time.Duration{topicPayments: 72 * time.Hour, topicSMS: 24 * time.Hour} {
+		if kept := topicRetention(t, broker, topic); kept < 0 || kept > inboxRetention {
+			t.Errorf("worker dev's %s keeps messages %v, longer than the inbox's %v", topic, kept, inboxRetention)
+		}
+	}
+	for _, l := range p.allLogs() {
+		if msg, _ := l["msg"].(string); msg == retentionWarning || strings.Contains(msg, "retention.ms") {
+			t.Errorf("worker dev logged %q about its own topics' retention: %v", msg, l)
+		}
 	}
 	if stdout, _ := p.output(); !strings.Contains(stdout, "kcat -P -b "+broker+" -t "+topicPayments) {
 		t.Errorf("worker dev does not say how to produce to %s:\n%s", broker, stdout)
@@ -90,4 +102,35 @@ func TestDev(t *testing.T) {
 	if code := p.wait(); code != 0 {
 		t.Errorf("exit code %d after SIGINT, want 0", code)
 	}
+}
+
+// topicRetention reads topic's retention.ms from the broker at addr; negative means forever.
+func topicRetention(t *testing.T, addr, topic string) time.Duration {
+	t.Helper()
+	transport := &kafka.Transport{}
+	defer transport.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(addr), Transport: transport}
+	resp, err := client.DescribeConfigs(t.Context(), &kafka.DescribeConfigsRequest{
+		Resources: []kafka.DescribeConfigRequestResource{{
+			ResourceType: kafka.ResourceTypeTopic, ResourceName: topic, ConfigNames: []string{"retention.ms"}}},
+	})
+	if err != nil {
+		t.Fatalf("describe %s: %v", topic, err)
+	}
+	for _, r := range resp.Resources {
+		if r.Error != nil {
+			t.Fatalf("describe %s: %v", topic, r.Error)
+		}
+		for _, e := range r.ConfigEntries {
+			if e.ConfigName == "retention.ms" {
+				ms, err := strconv.ParseInt(e.ConfigValue, 10, 64)
+				if err != nil {
+					t.Fatalf("%s: retention.ms %q: %v", topic, e.ConfigValue, err)
+				}
+				return time.Duration(ms) * time.Millisecond
+			}
+		}
+	}
+	t.Fatalf("%s has no retention.ms", topic)
+	return 0
 }

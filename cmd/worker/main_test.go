@@ -161,6 +161,13 @@ func (p *process) findLog(msg, key, value string) map[string]any {
 	return nil
 }
 
+// allLogs returns the log entries logged so far.
+func (p *process) allLogs() []map[string]any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]map[string]any(nil), p.logs...)
+}
+
 // httpAddr waits until the worker serves HTTP and returns its base URL.
 func (p *process) httpAddr() string {
 	p.t.Helper()
