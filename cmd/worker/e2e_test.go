@@ -246,6 +246,11 @@ func testEndToEnd(t *testing.T, env *environment) {
 		reasons := deadLetters(t, env.brokers, topic+".dlq")
 		if len(reasons) != 1 || reasons[0].reason != "invalid_payload" || reasons[0].originalTopic != topic {
 			t.Errorf("dead letters of %s: %+v, want one invalid_payload", topic, reasons)
+			continue
+		}
+		// The dead letter itself, not only the logs, names the problem without the full number.
+		if d := reasons[0]; d.error == "" || strings.Contains(d.error, "13800138000") {
+			t.Errorf("dead letter of %s: dlq-error %q; want the error, without the full number", topic, d.error)
 		}
 	}
 
@@ -392,7 +397,7 @@ func committedTotal(t *testing.T, brokers, group, topic string) int64 {
 	return total
 }
 
-type deadLetter struct{ reason, originalTopic string }
+type deadLetter struct{ reason, originalTopic, error string }
 
 // deadLetters reads every message of a dead-letter topic.
 func deadLetters(t *testing.T, brokers, topic string) []deadLetter {
@@ -425,6 +430,8 @@ func deadLetters(t *testing.T, brokers, topic string) []deadLetter {
 						d.reason = string(h.Value)
 					case "dlq-original-topic":
 						d.originalTopic = string(h.Value)
+					case "dlq-error":
+						d.error = string(h.Value)
 					}
 				}
 				out = append(out, d)
