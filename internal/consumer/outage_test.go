@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -193,4 +196,61 @@ func (p *proxy) forward(client net.Conn) {
 	_, _ = io.Copy(client, server)
 	_ = client.Close()
 	<-done
+}
+
+// TestNoTransactionWhileWaiting checks that nothing is held open while a message waits for its
+// retry: during the wait, no session of the consumer's pool is idle in a transaction.
+func TestNoTransactionWhileWaiting(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, testNoTransactionWhileWaiting)
+}
+
+func testNoTransactionWhileWaiting(t *testing.T, mode consumer.Transactions) {
+	e := setup(t, mode, 1)
+	poolConfig, err := pgxpool.ParseConfig(e.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := "consumer_test_" + e.db.Schema // the consumer's sessions, told apart in pg_stat_activity
+	poolConfig.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(context.Background(), poolConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := inbox.NewStore(pool, inbox.Config{Logger: e.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Long enough a wait to look at the sessions during it, on a loaded machine too; checked below.
+	const retryAfter = 3 * time.Second
+	var attempts atomic.Int64
+	config := testConfig(e.kafka.Addr, pool, store, &recorder{fail: func(d inbox.Delivery) error {
+		if attempts.Add(1) == 1 {
+			return &fault.Error{Kind: fault.KindRetryable, RetryAfter: retryAfter, Err: errors.New("try later")}
+		}
+		return nil
+	}}, mode, e.log)
+	e.start(config)
+	e.produce("waits")
+
+	e.waitFor("the retry to be logged", func() bool { return len(e.retryLogs("waits")) == 1 })
+	var open []string
+	rows, err := e.db.Pool.Query(context.Background(), `SELECT state || ': ' || query FROM pg_stat_activity
+		WHERE application_name = $1 AND state LIKE 'idle in transaction%'`, app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if attempts.Load() != 1 {
+		t.Fatalf("the retry ran before the sessions were read: the check came too late to mean anything")
+	}
+	if len(open) != 0 {
+		t.Errorf("while the message waits for its retry, the consumer holds transactions open: %q", open)
+	}
+	e.waitFor("the message applied", func() bool { return e.committed() == 1 })
+	checkOnce(t, e, []string{"waits"})
 }
