@@ -80,6 +80,14 @@ func TestRetry(t *testing.T) {
 			wantError:  "boom",
 		},
 		{
+			name: "LongError",
+			fail: func(int) error {
+				return fault.Permanent(fault.InvalidPayload, errors.New(strings.Repeat("boom ", 20000)))
+			},
+			wantReason: fault.InvalidPayload,
+			wantError:  "boom boom",
+		},
+		{
 			name:       "Unclassified",
 			fail:       func(int) error { return errBoom },
 			wantReason: fault.HandlerError,
@@ -161,6 +169,9 @@ func TestRetry(t *testing.T) {
 					t.Fatalf("%d dead letters, want 1", len(dead))
 				}
 				checkDeadLetter(t, dead[0], original, tt.wantReason, tt.wantError)
+				if n := len(header(dead[0], "dlq-error")); n > 8<<10 {
+					t.Errorf("dlq-error is %d bytes long, want it bounded (at most 8 KiB)", n)
+				}
 				if got := header(dead[0], "dlq-attempts"); got != strconv.FormatInt(runs.Load(), 10) {
 					t.Errorf("dlq-attempts = %q, the handler ran %d times", got, runs.Load())
 				}
