@@ -213,3 +213,60 @@ func testLag(t *testing.T, mode consumer.Transactions) {
 	close(release)
 	e.waitFor("no lag", func() bool { return testutil.ToFloat64(lag) == 0 })
 }
+
+// TestOffsetCommitFails makes the broker refuse every offset commit of a first consumer: the
+// message it applied stays uncommitted, so a second consumer gets it again and skips it as a
+// duplicate. A failed commit neither loses a message nor applies one twice.
+func TestOffsetCommitFails(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, testOffsetCommitFails)
+}
+
+func testOffsetCommitFails(t *testing.T, mode consumer.Transactions) {
+	e := setup(t, mode, 1)
+	var refuse atomic.Bool
+	var refused atomic.Int64
+	refuse.Store(true)
+	e.kafka.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.kafka.KeepControl()
+		if !refuse.Load() {
+			return nil, nil, false
+		}
+		commit := req.(*kmsg.OffsetCommitRequest)
+		resp := commit.ResponseKind().(*kmsg.OffsetCommitResponse)
+		for _, topic := range commit.Topics {
+			rt := kmsg.NewOffsetCommitResponseTopic()
+			rt.Topic = topic.Topic
+			for _, p := range topic.Partitions {
+				rp := kmsg.NewOffsetCommitResponseTopicPartition()
+				rp.Partition = p.Partition
+				rp.ErrorCode = -1 // UNKNOWN_SERVER_ERROR
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		refused.Add(1)
+		return resp, nil, true
+	})
+
+	first := e.config(&recorder{})
+	_, stop := e.start(first)
+	e.produce("once")
+	e.waitFor("a refused offset commit", func() bool { return refused.Load() >= 1 })
+	stop()
+	if got := e.effects()["once"]; got != 1 {
+		t.Fatalf("the first consumer applied the message %d times, want once", got)
+	}
+	if got := e.committed(); got != 0 {
+		t.Fatalf("committed %d offsets though every commit was refused", got)
+	}
+
+	refuse.Store(false)
+	second := e.config(&recorder{})
+	e.start(second)
+	e.waitFor("the offset committed", func() bool { return e.committed() == 1 })
+	checkOnce(t, e, []string{"once"})
+	if got := outcomes(second, "duplicate"); got != 1 {
+		t.Errorf("the second consumer counted %v duplicates, want 1: the redelivery of the uncommitted message", got)
+	}
+}
