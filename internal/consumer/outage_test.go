@@ -254,3 +254,59 @@ func testNoTransactionWhileWaiting(t *testing.T, mode consumer.Transactions) {
 	e.waitFor("the message applied", func() bool { return e.committed() == 1 })
 	checkOnce(t, e, []string{"waits"})
 }
+
+// TestDatabaseOutageBeforeBatch cuts the database before any message arrives, so that the first
+// statement to fail is the crash-loop guard's record of the batch: the outage must not be counted
+// as a start, nor dead-letter anything, and every message is applied once after it.
+func TestDatabaseOutageBeforeBatch(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, testDatabaseOutageBeforeBatch)
+}
+
+func testDatabaseOutageBeforeBatch(t *testing.T, mode consumer.Transactions) {
+	e := setup(t, mode, 1)
+	proxy := startProxy(t, e.db.URL)
+	pool, err := pgxpool.New(context.Background(), proxy.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := inbox.NewStore(pool, inbox.Config{Logger: e.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := testConfig(e.kafka.Addr, pool, store, &recorder{}, mode, e.log)
+	config.Retry.MaxElapsed = 100 * time.Millisecond
+	e.start(config)
+	// A first message applied: the partition is consuming, its guard's lookup done.
+	e.produce("first")
+	e.waitFor("the first message committed", func() bool { return e.committed() == 1 })
+
+	cut := time.Now()
+	proxy.cut()
+	held := []string{"held"} // alone in its batch: the case where starts decide a dead letter
+	e.produce(held...)
+	all := append([]string{"first"}, held...)
+	const tries = 60
+	e.waitFor(fmt.Sprintf("%d connections refused during the outage", tries), func() bool {
+		return proxy.refused.Load() >= tries && time.Since(cut) > 3*config.Retry.MaxElapsed
+	})
+	if dead := e.deadLetters(); len(dead) != 0 {
+		t.Fatalf("%d messages dead-lettered during the outage (%s)", len(dead), header(dead[0], "dlq-reason"))
+	}
+	proxy.restore()
+
+	e.waitFor("all offsets committed", func() bool { return e.committed() == int64(len(all)) })
+	checkOnce(t, e, all)
+	if dead := e.deadLetters(); len(dead) != 0 {
+		t.Errorf("%d dead letters, want none", len(dead))
+	}
+	var starts int
+	err = e.db.Pool.QueryRow(context.Background(), `SELECT coalesce(max(starts), 0) FROM inbox_attempts`).Scan(&starts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if starts > 1 {
+		t.Errorf("a batch is recorded as started %d times: the outage was counted as deaths", starts)
+	}
+}
