@@ -51,6 +51,9 @@ type Config struct {
 	BatchSize int
 	BatchWait time.Duration
 
+	// LagInterval is how often the consumer_lag metric is refreshed. Defaults to 5s.
+	LagInterval time.Duration
+
 	HTTPAddr        string
 	ShutdownTimeout time.Duration
 	StartupTimeout  time.Duration
@@ -168,6 +171,9 @@ var settings = []*setting{
 	{env: "BATCH_WAIT", flag: "batch-wait", def: "5ms", meta: "DURATION",
 		usage: "how long a batch waits for more messages after its first",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.BatchWait, v) }},
+	{env: "LAG_INTERVAL", flag: "lag-interval", def: "5s", meta: "DURATION",
+		usage: "how often the consumer_lag metric is refreshed",
+		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.LagInterval, v) }},
 	{env: "HTTP_ADDR", flag: "http-addr", def: ":8080", meta: "ADDR",
 		usage: "address of /metrics, /healthz and /readyz",
 		set:   func(c *Config, v string) error { return parseAddr(&c.HTTPAddr, v) }},
@@ -388,6 +394,7 @@ func (c *Config) masked(ss []*setting) []slog.Attr {
 		"INBOX_RETENTION_SMS":      retentionText(c.InboxRetentionSMS),
 		"BATCH_SIZE":               strconv.Itoa(c.BatchSize),
 		"BATCH_WAIT":               c.BatchWait.String(),
+		"LAG_INTERVAL":             c.LagInterval.String(),
 		"HTTP_ADDR":                c.HTTPAddr,
 		"SHUTDOWN_TIMEOUT":         c.ShutdownTimeout.String(),
 		"STARTUP_TIMEOUT":          c.StartupTimeout.String(),

@@ -154,6 +154,7 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 		},
 		BatchSize:       cfg.BatchSize,
 		BatchWait:       cfg.BatchWait,
+		LagInterval:     cfg.LagInterval,
 		ShutdownTimeout: drainTimeout(cfg.ShutdownTimeout),
 		Pool:            w.pool,
 		Store:           w.store,
