@@ -39,8 +39,9 @@ type CallHandler interface {
 }
 
 // Completion records a call's result through tx, the transaction that writes the key's inbox row. It
-// does database work only, and runs at most once per Call.
-type Completion func(ctx context.Context, tx pgx.Tx) error
+// does database work only, and runs at most once per Call. It is an inbox.Effect, so that a handler
+// package needs the inbox and not the consumer to implement CallHandler.
+type Completion = inbox.Effect
 
 // CallLease is how long a claim on a key lasts before another worker may take it over. A call gets
 // two thirds of it (10s), so a call handler's own timeout must be shorter (the SMS provider's

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/notify"
@@ -63,14 +64,24 @@ func (e *env) newHandler(t *testing.T, sender notify.Sender) *notify.Handler {
 	return h
 }
 
+// The consumer runs a Handler as a CallHandler: the send outside any transaction.
+var _ consumer.CallHandler = (*notify.Handler)(nil)
+
+// callOf is d through h in the three steps of a call, as the consumer runs it.
+func callOf(h *notify.Handler, d inbox.Delivery) inbox.Call {
+	return inbox.Call{
+		Lease: consumer.CallLease,
+		Check: func(ctx context.Context, tx pgx.Tx) error { return h.Check(ctx, tx, d) },
+		Run:   func(ctx context.Context) (inbox.Effect, error) { return h.Call(ctx, d) },
+	}
+}
+
 // process runs one delivery of value under key through the inbox and h, as the consumer does, and
 // logs a failure as the consumer would.
 func (e *env) process(t *testing.T, h *notify.Handler, key string, value []byte, attempt int) (inbox.Outcome, error) {
 	t.Helper()
 	msg := inbox.Message{Handler: "sms", Key: key, Fingerprint: inbox.Fingerprint(value), Topic: "notifications.sms"}
-	outcome, err := e.store.Process(context.Background(), msg, func(ctx context.Context, tx pgx.Tx) error {
-		return h.Handle(ctx, tx, inbox.Delivery{Key: key, Value: value, Attempt: attempt})
-	})
+	outcome, err := e.store.ProcessCall(context.Background(), msg, callOf(h, inbox.Delivery{Key: key, Value: value, Attempt: attempt}))
 	if err != nil {
 		kind, reason, _ := fault.Classify(err)
 		e.logger.Error("message failed", slog.String("key", key), slog.String("kind", kind.String()),
@@ -303,12 +314,21 @@ func TestHandleLostCommit(t *testing.T) {
 	e := setup(t)
 	msg := inbox.Message{Handler: "sms", Key: "k1", Fingerprint: inbox.Fingerprint(testEvent), Topic: "notifications.sms"}
 	lost := errors.New("connection lost before commit")
-	_, err := e.store.Process(context.Background(), msg, func(ctx context.Context, tx pgx.Tx) error {
-		if err := e.handler.Handle(ctx, tx, inbox.Delivery{Key: "k1", Value: testEvent, Attempt: 1}); err != nil {
-			return err
+	call := callOf(e.handler, inbox.Delivery{Key: "k1", Value: testEvent, Attempt: 1})
+	run := call.Run
+	call.Run = func(ctx context.Context) (inbox.Effect, error) {
+		complete, err := run(ctx)
+		if err != nil {
+			return nil, err
 		}
-		return lost
-	})
+		return func(ctx context.Context, tx pgx.Tx) error {
+			if err := complete(ctx, tx); err != nil {
+				return err
+			}
+			return lost
+		}, nil
+	}
+	_, err := e.store.ProcessCall(context.Background(), msg, call)
 	if !errors.Is(err, lost) {
 		t.Fatalf("Process: %v, want %v", err, lost)
 	}

@@ -104,17 +104,16 @@ const insertNotificationSQL = `
 INSERT INTO notifications (idempotency_key, recipient, template, status, provider_message_id, attempts, sent_at)
 VALUES ($1, $2, $3, 'SENT', $4, $5, clock_timestamp())`
 
-// Handle sends the SMS of d and records it through tx, the inbox transaction of d.Key. An invalid event
-// is a permanent fault.InvalidPayload error; a failed send returns the sender's classified error and
-// records nothing. A key already in notifications (its inbox row has expired, the SMS was sent) is not
-// sent again: Handle returns inbox.ErrAlreadyApplied.
-func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
+// Check is the first step of an SMS event (see consumer.CallHandler), run in the claim transaction
+// of d.Key: an invalid event is a permanent fault.InvalidPayload error, and a key already in
+// notifications (its inbox row has expired; the SMS was sent) is inbox.ErrAlreadyApplied, so it is
+// not sent again.
+func (h *Handler) Check(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
 	sms, err := Decode(d.Value)
 	if err != nil {
 		return err
 	}
 	sms.Key = d.Key
-
 	var sent bool
 	err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM notifications WHERE idempotency_key = $1)`,
 		d.Key).Scan(&sent)
@@ -125,10 +124,21 @@ func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error
 		h.logger.InfoContext(ctx, "sms already sent under this key; not sending again", slog.Any("sms", sms))
 		return inbox.ErrAlreadyApplied
 	}
+	return nil
+}
 
+// Call sends the SMS of d, with no transaction open, and returns the completion that records it as
+// SENT with the provider's message id, in the transaction that writes d.Key's inbox row. A failed
+// send returns the sender's classified error and records nothing.
+func (h *Handler) Call(ctx context.Context, d inbox.Delivery) (inbox.Effect, error) {
+	sms, err := Decode(d.Value)
+	if err != nil {
+		return nil, err
+	}
+	sms.Key = d.Key
 	id, err := h.sender.Send(ctx, sms)
 	if err != nil {
-		return fmt.Errorf("notify: send to %s: %w", MaskPhone(sms.To), err)
+		return nil, fmt.Errorf("notify: send to %s: %w", MaskPhone(sms.To), err)
 	}
 	var storedID *string
 	if id != "" {
@@ -137,11 +147,14 @@ func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error
 		h.logger.WarnContext(ctx, "sms provider accepted the message without an id; recording it with none",
 			slog.Any("sms", sms))
 	}
-	_, err = tx.Exec(ctx, insertNotificationSQL, sms.Key, sms.To, sms.Template, storedID, max(d.Attempt, 1))
-	if err != nil {
-		return inbox.Classify(fmt.Errorf("notify: record notification: %w", err))
-	}
-	h.logger.InfoContext(ctx, "sms sent", slog.Any("sms", sms), slog.String("provider_message_id", id),
-		slog.Int("attempt", d.Attempt))
-	return nil
+	// What happened at the provider, whether or not the record of it commits.
+	h.logger.InfoContext(ctx, "sms accepted by the provider", slog.Any("sms", sms),
+		slog.String("provider_message_id", id), slog.Int("attempt", d.Attempt))
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, insertNotificationSQL, sms.Key, sms.To, sms.Template, storedID, max(d.Attempt, 1))
+		if err != nil {
+			return inbox.Classify(fmt.Errorf("notify: record notification: %w", err))
+		}
+		return nil
+	}, nil
 }
