@@ -134,11 +134,36 @@ func (e *env) checkSent(t *testing.T, key string, attempt int) {
 	}
 }
 
-// checkNothingRecorded fails if key left a notifications or an inbox row.
+// checkNothingRecorded fails if key left a notifications or an inbox row, or a lease.
 func (e *env) checkNothingRecorded(t *testing.T, key string) {
 	t.Helper()
 	if n, inInbox := e.recorded(t, key); n != nil || inInbox {
 		t.Fatalf("key %s: notification %+v, inbox row %v; want neither", key, n, inInbox)
+	}
+	if leased := e.leased(t, key); leased {
+		t.Fatalf("key %s: a lease is left", key)
+	}
+}
+
+// leased reports whether key has a lease row.
+func (e *env) leased(t *testing.T, key string) bool {
+	t.Helper()
+	var leased bool
+	if err := e.pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM inbox_leases WHERE idempotency_key = $1)`,
+		key).Scan(&leased); err != nil {
+		t.Fatal(err)
+	}
+	return leased
+}
+
+// anotherWorkersLease writes the lease a worker sending key would hold, expiring in expiresIn.
+func (e *env) anotherWorkersLease(t *testing.T, key string, expiresIn time.Duration) {
+	t.Helper()
+	if _, err := e.pool.Exec(context.Background(), `
+		INSERT INTO inbox_leases (handler, idempotency_key, holder, expires_at, attempts)
+		VALUES ('sms', $1, 'another-worker', now() + $2 * interval '1 microsecond', 1)`,
+		key, expiresIn.Microseconds()); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -358,6 +383,55 @@ func TestHandleAfterInboxExpiry(t *testing.T) {
 	}
 	if calls := e.provider.Calls("k1"); calls != 1 {
 		t.Fatalf("provider: %d calls, want 1", calls)
+	}
+}
+
+// TestHandleLeaseHeld: while another worker holds the key's lease (its send may be out), the SMS is
+// not sent: the attempt fails with a retryable error that waits for the lease.
+func TestHandleLeaseHeld(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.anotherWorkersLease(t, "k1", time.Minute)
+	_, err := e.process(t, e.handler, "k1", testEvent, 1)
+	if kind, _, retryAfter := fault.Classify(err); !errors.Is(err, inbox.ErrLeaseHeld) || kind != fault.KindRetryable ||
+		retryAfter <= 50*time.Second {
+		t.Fatalf("Process: %v, %v after %v; want retryable ErrLeaseHeld after the lease's remaining minute", err, kind, retryAfter)
+	}
+	if calls := e.provider.Calls("k1"); calls != 0 {
+		t.Fatalf("provider: %d calls, want none while the lease is held", calls)
+	}
+	if n, inInbox := e.recorded(t, "k1"); n != nil || inInbox || !e.leased(t, "k1") {
+		t.Fatalf("notification %+v, inbox row %v; want neither, and the other worker's lease kept", n, inInbox)
+	}
+}
+
+// TestHandleLeaseExpired: a worker died while its send was out; once its lease has expired, the
+// redelivery takes it over and sends again with the same key, which the provider delivers once.
+func TestHandleLeaseExpired(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// The dead worker's send reached the provider, which delivered it.
+	sms := notify.SMS{Key: "k1", To: testPhone, Template: "verify_code", Params: map[string]string{"code": "123456"}}
+	sender, err := notify.NewHTTPSender(notify.HTTPConfig{URL: e.provider.URL, Token: testToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := sender.Send(context.Background(), sms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.anotherWorkersLease(t, "k1", -time.Second)
+
+	if outcome, err := e.process(t, e.handler, "k1", testEvent, 1); err != nil || outcome != inbox.Applied {
+		t.Fatalf("Process = %q, %v; want applied", outcome, err)
+	}
+	e.checkSent(t, "k1", 1)
+	requests := e.provider.Requests()
+	if len(requests) != 2 || requests[1].Key != "k1" || requests[1].Reference != "k1" || len(e.provider.Delivered()) != 1 {
+		t.Fatalf("provider requests %+v, %d delivered; want a second with key k1, one delivery", requests, len(e.provider.Delivered()))
+	}
+	if n, _ := e.recorded(t, "k1"); *n.providerMessageID != first || e.leased(t, "k1") {
+		t.Fatalf("recorded id %q, want the first send's %q, and no lease left", *n.providerMessageID, first)
 	}
 }
 
