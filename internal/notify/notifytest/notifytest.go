@@ -72,10 +72,10 @@ type Provider struct {
 
 type keyState struct {
 	calls    int
-	inFlight int // requests being answered now
-	peak     int // the most requests answered at the same time
-	id    string // set once delivered
-	body  []byte // the delivered request's body, to tell a resend from a reused key
+	inFlight int    // requests being answered now
+	peak     int    // the most requests answered at the same time
+	id       string // set once delivered
+	body     []byte // the delivered request's body, to tell a resend from a reused key
 }
 
 // NewProvider starts a Provider on a local port. It stops when the test ends.
