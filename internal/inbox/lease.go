@@ -52,8 +52,9 @@ var ErrLeaseHeld = errors.New("inbox: another claim holds the lease on the key")
 
 // ProcessCall runs call for msg in the three steps Call describes. It returns Applied when the call's
 // effect committed with the key, Duplicate or KeyReused when the key was already recorded (no call
-// was made), or an error, in which case nothing was recorded and the lease is released (or, if
-// Postgres cannot be reached, left to expire). A live lease held by another claim is a retryable
+// was made), or an error, in which case nothing was recorded and the lease is released — unless the
+// call was abandoned when its context ended, or Postgres cannot be reached: then the lease is left to
+// expire. A live lease held by another claim is a retryable
 // error wrapping ErrLeaseHeld whose RetryAfter is the lease's remaining time.
 //
 // A call error is returned as it is; a Postgres error is classified (see Classify).
@@ -75,9 +76,16 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 
 	callCtx, cancel := context.WithDeadline(ctx, deadline)
 	effect, err := call.Run(callCtx)
+	abandoned := callCtx.Err() != nil
 	cancel()
 	if err != nil {
-		s.release(ctx, l)
+		// A call that ended on its own (an answer that says no, a refused connection) is over: the
+		// next claim may call at once. One whose context ended (the lease's deadline, a rebalance, a
+		// shutdown) was abandoned, and the other service may still be working on it: its lease stays
+		// until it expires, so that no other call of the key overlaps it.
+		if !abandoned {
+			s.release(ctx, l)
+		}
 		return "", err
 	}
 

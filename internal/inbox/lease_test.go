@@ -169,6 +169,29 @@ func TestProcessCall(t *testing.T) {
 		}
 	})
 
+	t.Run("CallAbandoned", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, inbox.Config{})
+		// A rebalance cancels the work while the call is out: the other service may still be working
+		// on the request, so the lease stays and no other claim calls before it expires.
+		ctx, cancel := context.WithCancel(ctx)
+		call := inbox.Call{Lease: testLease, Run: func(ctx context.Context) (inbox.Effect, error) {
+			cancel()
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}}
+		if _, err := e.store.ProcessCall(ctx, message("k1"), call); !errors.Is(err, context.Canceled) {
+			t.Fatalf("ProcessCall: %v, want %v", err, context.Canceled)
+		}
+		if l := e.leases(t)["k1"]; !l.live || len(e.keys(t)) != 0 {
+			t.Fatalf("lease %+v, keys %v; want the lease kept live and nothing recorded", l, e.keys(t))
+		}
+		var runs atomic.Int32
+		if _, err := e.store.ProcessCall(context.Background(), message("k1"), recordCall("k1", &runs)); !errors.Is(err, inbox.ErrLeaseHeld) || runs.Load() != 0 {
+			t.Fatalf("the next claim: %v after %d calls; want ErrLeaseHeld and no call", err, runs.Load())
+		}
+	})
+
 	t.Run("CompletionFails", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, inbox.Config{})
