@@ -77,8 +77,11 @@ func TestSMSCrashAfterProviderAccepted(t *testing.T) {
 		t.Errorf("exit code %d after SIGTERM, want 0", code)
 	}
 
-	if calls := provider.Calls(key); calls != 2 {
-		t.Errorf("the provider got %d requests with key %s, want 2 (the send and the resend)", calls, key)
+	// The send and the resend; one more for each resend a rebalance of the second worker abandoned
+	// while it was out (the next owner sends again once that send's lease has expired).
+	if calls := provider.Calls(key); calls < 2 || provider.MostConcurrent(key) != 1 {
+		t.Errorf("the provider got %d requests with key %s, at most %d at once; want 2 or more (the send and the resend), one at a time",
+			calls, key, provider.MostConcurrent(key))
 	}
 	if n := len(provider.Delivered()); n != 1 {
 		t.Errorf("the provider delivered %d messages, want 1", n)
@@ -162,16 +165,21 @@ func TestSMSCrashWithSendsInFlight(t *testing.T) {
 
 	peakSessions := 0
 	eventually(t, func() string {
-		total, inTx := sessionsOf(t, db.Pool, app)
+		total, _ := sessionsOf(t, db.Pool, app)
 		peakSessions = max(peakSessions, total)
 		if n := provider.InFlight(); n != inFlight {
 			return fmt.Sprintf("%d of %d sends out", n, inFlight)
 		}
-		if inTx != 0 {
-			return fmt.Sprintf("%d sessions of the worker in a transaction with %d sends out", inTx, inFlight)
-		}
 		return ""
 	})
+	// The sends stay out until the worker dies: look at its sessions a few times meanwhile.
+	for range 20 {
+		total, idleInTx := sessionsOf(t, db.Pool, app)
+		peakSessions = max(peakSessions, total)
+		if idleInTx != 0 {
+			t.Fatalf("%d sessions of the worker idle in a transaction with %d sends out", idleInTx, inFlight)
+		}
+	}
 	if peakSessions > poolSize {
 		t.Errorf("the worker had %d sessions, more than its pool of %d", peakSessions, poolSize)
 	}
@@ -208,12 +216,14 @@ func TestSMSCrashWithSendsInFlight(t *testing.T) {
 			t.Errorf("key %s: delivered %d times, called %d at once at most; want 1 and 1", key, delivered[key],
 				provider.MostConcurrent(key))
 		}
+		// The send the crash cut off and the resend, for the second messages; a send abandoned by a
+		// rebalance (a worker slow to heartbeat on a busy machine) adds one, after its lease.
 		wantCalls := 1
 		if key[:6] == "second" {
-			wantCalls = 2 // the send the crash cut off, and the resend
+			wantCalls = 2
 		}
-		if calls := provider.Calls(key); calls != wantCalls {
-			t.Errorf("key %s: %d calls, want %d", key, calls, wantCalls)
+		if calls := provider.Calls(key); calls < wantCalls {
+			t.Errorf("key %s: %d calls, want %d or more", key, calls, wantCalls)
 		}
 		var messageID string
 		err := db.Pool.QueryRow(context.Background(),
@@ -275,16 +285,16 @@ func committedOn(t *testing.T, brokers, group, topic string, n int) int64 {
 }
 
 // sessionsOf returns how many sessions of application app pg_stat_activity shows, and how many of
-// them are in a transaction.
-func sessionsOf(t *testing.T, pool *pgxpool.Pool, app string) (total, inTx int) {
+// them are idle in a transaction.
+func sessionsOf(t *testing.T, pool *pgxpool.Pool, app string) (total, idleInTx int) {
 	t.Helper()
 	err := pool.QueryRow(context.Background(), `
-		SELECT count(*), count(*) FILTER (WHERE xact_start IS NOT NULL)
-		FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&total, &inTx)
+		SELECT count(*), count(*) FILTER (WHERE state LIKE 'idle in transaction%')
+		FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&total, &idleInTx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return total, inTx
+	return total, idleInTx
 }
 
 // phoneOfPartition returns a phone number that producers (kafka-go's Hash balancer, keyed by phone)
