@@ -35,6 +35,8 @@ type CallHandler interface {
 	Check(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error
 	// Call makes the call under d.Key, with no transaction open, and returns what to record of it.
 	// Its context ends before the lease does (two thirds of CallLease), and when the attempt ends.
+	// d.Attempt counts the calls for the key, this one included, across processes and retries (the
+	// lease keeps the count), not the tries of the message in this process as elsewhere.
 	Call(ctx context.Context, d inbox.Delivery) (Completion, error)
 }
 
@@ -59,8 +61,10 @@ func (p *partition) call(ctx context.Context, h CallHandler, msg inbox.Message, 
 			defer recoverHandler(ctx, log, &err)
 			return h.Check(ctx, tx, d)
 		},
-		Run: func(ctx context.Context) (_ inbox.Effect, err error) {
+		Run: func(ctx context.Context, attempt int) (_ inbox.Effect, err error) {
 			defer recoverHandler(ctx, log, &err)
+			d := d
+			d.Attempt = attempt
 			complete, err := h.Call(ctx, d)
 			if err != nil {
 				return nil, err

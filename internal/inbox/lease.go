@@ -41,8 +41,10 @@ type Call struct {
 	// never be called with, say).
 	Check Effect
 	// Run makes the call and returns the effect that records its result, which runs in the inbox
-	// transaction of step 3 and must do database work only. Required.
-	Run func(ctx context.Context) (Effect, error)
+	// transaction of step 3 and must do database work only. attempt counts the calls for the key,
+	// this one included, across processes: claims that went on to call, whether their process died
+	// or their call failed. Required.
+	Run func(ctx context.Context, attempt int) (Effect, error)
 }
 
 // ErrLeaseHeld is the cause of the error ProcessCall returns when another claim holds a live lease
@@ -75,7 +77,7 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 	}
 
 	callCtx, cancel := context.WithDeadline(ctx, deadline)
-	effect, err := call.Run(callCtx)
+	effect, err := call.Run(callCtx, l.attempts)
 	abandoned := callCtx.Err() != nil
 	cancel()
 	if err != nil {
@@ -84,13 +86,14 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 		// shutdown) was abandoned, and the other service may still be working on it: its lease stays
 		// until it expires, so that no other call of the key overlaps it.
 		if !abandoned {
-			s.release(ctx, l)
+			kind, _, _ := fault.Classify(err)
+			s.release(ctx, l, kind == fault.KindPermanent)
 		}
 		return "", err
 	}
 
 	outcome, err = s.Process(ctx, msg, func(ctx context.Context, tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, releaseLeaseSQL, msg.Handler, msg.Key, l.holder)
+		tag, err := tx.Exec(ctx, forgetLeaseSQL, msg.Handler, msg.Key, l.holder)
 		if err != nil {
 			return Classify(fmt.Errorf("inbox: release the lease: %w", err))
 		}
@@ -104,16 +107,17 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 		return effect(ctx, tx)
 	})
 	if err != nil || outcome != Applied {
-		// Nothing committed, or the key was recorded by someone else: the lease is of no more use.
-		s.release(ctx, l)
+		// Nothing committed (the retry calls again), or the key was recorded by someone else.
+		s.release(ctx, l, err == nil)
 	}
 	return outcome, err
 }
 
 // lease is one claim on a key.
 type lease struct {
-	msg    Message
-	holder string
+	msg      Message
+	holder   string
+	attempts int // the key's calls, this claim's included
 }
 
 // newHolder names a claim: the host and process, for an operator reading inbox_leases, and a random
@@ -137,7 +141,14 @@ SET holder = excluded.holder, expires_at = excluded.expires_at, attempts = inbox
 WHERE inbox_leases.expires_at <= now()
 RETURNING attempts`
 
-const releaseLeaseSQL = `DELETE FROM inbox_leases WHERE handler = $1 AND idempotency_key = $2 AND holder = $3`
+// A lease is released in one of two ways. Expired at once, it keeps its count of attempts for the
+// next claim, which calls again. Forgotten, it is deleted: once the key is recorded, or its message
+// fails for good.
+const (
+	expireLeaseSQL = `UPDATE inbox_leases SET expires_at = now()
+WHERE handler = $1 AND idempotency_key = $2 AND holder = $3`
+	forgetLeaseSQL = `DELETE FROM inbox_leases WHERE handler = $1 AND idempotency_key = $2 AND holder = $3`
+)
 
 // lease is step 1 of ProcessCall: in one transaction, it takes l's lease, then looks for the key's
 // inbox row, then runs call.Check. It returns Duplicate or KeyReused (and keeps no lease) when the
@@ -161,9 +172,8 @@ func (s *Store) lease(ctx context.Context, l *lease, call Call) (Outcome, error)
 		b.Queue(`SELECT fingerprint FROM inbox WHERE handler = $1 AND idempotency_key = $2`, msg.Handler, msg.Key)
 		results := tx.SendBatch(ctx, b)
 		_, err := results.Exec()
-		var attempts int
 		if err == nil {
-			err = results.QueryRow().Scan(&attempts)
+			err = results.QueryRow().Scan(&l.attempts)
 		}
 		taken := err == nil
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -197,7 +207,7 @@ func (s *Store) lease(ctx context.Context, l *lease, call Call) (Outcome, error)
 		switch err := call.Check(ctx, tx); {
 		case errors.Is(err, ErrAlreadyApplied):
 			// Applied under this key before its inbox row expired: remember the key again.
-			if _, err := tx.Exec(ctx, releaseLeaseSQL, msg.Handler, msg.Key, l.holder); err != nil {
+			if _, err := tx.Exec(ctx, forgetLeaseSQL, msg.Handler, msg.Key, l.holder); err != nil {
 				return Classify(fmt.Errorf("inbox: release the lease: %w", err))
 			}
 			outcome, err = s.claim(ctx, tx, msg)
@@ -242,13 +252,19 @@ func (s *Store) leaseHeld(ctx context.Context, tx pgx.Tx, msg Message) error {
 		Err: fmt.Errorf("%w (%s, for %s more)", ErrLeaseHeld, holder, remaining.Round(time.Millisecond))}
 }
 
-// release deletes l's lease after a call that failed or whose completion did not commit: the call
-// is over, so the next claim need not wait for the lease to expire. It runs even when ctx is
-// cancelled. A failed release is logged; the lease then expires in its time.
-func (s *Store) release(ctx context.Context, l *lease) {
+// release ends l's lease after a call that failed or whose completion did not commit: the call is
+// over, so the next claim need not wait for the lease to expire. forget deletes the lease (the
+// message has failed for good, or the key is recorded); otherwise it expires at once and keeps its
+// count of attempts. It runs even when ctx is cancelled. A failed release is logged; the lease then
+// expires in its time.
+func (s *Store) release(ctx context.Context, l *lease, forget bool) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 	defer cancel()
-	if _, err := s.pool.Exec(rctx, releaseLeaseSQL, l.msg.Handler, l.msg.Key, l.holder); err != nil {
+	sql := expireLeaseSQL
+	if forget {
+		sql = forgetLeaseSQL
+	}
+	if _, err := s.pool.Exec(rctx, sql, l.msg.Handler, l.msg.Key, l.holder); err != nil {
 		s.config.Logger.WarnContext(ctx, "cannot release the lease on the key; it will expire",
 			slog.String("handler", l.msg.Handler), slog.String("key", l.msg.Key), slog.Any("error", err))
 	}

@@ -12,7 +12,7 @@ import (
 )
 
 // noopCall is a call that returns at once and records nothing but the key.
-var noopCall = inbox.Call{Lease: testLease, Run: func(context.Context) (inbox.Effect, error) {
+var noopCall = inbox.Call{Lease: testLease, Run: func(context.Context, int) (inbox.Effect, error) {
 	return func(context.Context, pgx.Tx) error { return nil }, nil
 }}
 

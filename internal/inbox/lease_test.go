@@ -20,7 +20,7 @@ const testLease = time.Minute
 
 // recordCall is a Call whose Run counts its runs in *runs and returns record(key).
 func recordCall(key string, runs *atomic.Int32) inbox.Call {
-	return inbox.Call{Lease: testLease, Run: func(context.Context) (inbox.Effect, error) {
+	return inbox.Call{Lease: testLease, Run: func(context.Context, int) (inbox.Effect, error) {
 		runs.Add(1)
 		return record(key), nil
 	}}
@@ -71,7 +71,7 @@ func TestProcessCall(t *testing.T) {
 		var runs atomic.Int32
 		call := recordCall("k1", &runs)
 		run := call.Run
-		call.Run = func(ctx context.Context) (inbox.Effect, error) {
+		call.Run = func(ctx context.Context, attempt int) (inbox.Effect, error) {
 			// While the call is out, the lease is held and nothing else of the key is recorded.
 			if l := e.leases(t)["k1"]; !l.live || l.attempts != 1 {
 				return nil, fmt.Errorf("lease during the call: %+v, want live, attempt 1", l)
@@ -82,7 +82,7 @@ func TestProcessCall(t *testing.T) {
 			if len(e.keys(t)) != 0 {
 				return nil, errors.New("the inbox row exists before the completion")
 			}
-			return run(ctx)
+			return run(ctx, attempt)
 		}
 		if outcome, err := e.store.ProcessCall(ctx, message("k1"), call); err != nil || outcome != inbox.Applied {
 			t.Fatalf("ProcessCall = %q, %v; want applied", outcome, err)
@@ -136,15 +136,16 @@ func TestProcessCall(t *testing.T) {
 		e := setup(t, inbox.Config{})
 		e.otherWorkersLease(t, "k1", -time.Second) // its holder died during its call
 		var during lease
-		call := inbox.Call{Lease: testLease, Run: func(context.Context) (inbox.Effect, error) {
-			during = e.leases(t)["k1"]
+		var attempt int
+		call := inbox.Call{Lease: testLease, Run: func(_ context.Context, n int) (inbox.Effect, error) {
+			during, attempt = e.leases(t)["k1"], n
 			return record("k1"), nil
 		}}
 		if outcome, err := e.store.ProcessCall(ctx, message("k1"), call); err != nil || outcome != inbox.Applied {
 			t.Fatalf("ProcessCall = %q, %v; want applied", outcome, err)
 		}
-		if during.holder == "other-host/1/abc" || !during.live || during.attempts != 2 {
-			t.Fatalf("lease during the call: %+v; want taken over, live, attempt 2", during)
+		if during.holder == "other-host/1/abc" || !during.live || during.attempts != 2 || attempt != 2 {
+			t.Fatalf("lease during the call: %+v, attempt %d; want taken over, live, attempt 2", during, attempt)
 		}
 		if !equal(e.effects(t), "k1") || len(e.leases(t)) != 0 {
 			t.Fatalf("effects %v, leases %v; want k1 recorded, no lease", e.effects(t), e.leases(t))
@@ -155,7 +156,7 @@ func TestProcessCall(t *testing.T) {
 		t.Parallel()
 		e := setup(t, inbox.Config{})
 		failed := fault.Permanent(fault.ProviderRejected, errors.New("rejected"))
-		call := inbox.Call{Lease: testLease, Run: func(context.Context) (inbox.Effect, error) { return nil, failed }}
+		call := inbox.Call{Lease: testLease, Run: func(context.Context, int) (inbox.Effect, error) { return nil, failed }}
 		if _, err := e.store.ProcessCall(ctx, message("k1"), call); !errors.Is(err, failed) {
 			t.Fatalf("ProcessCall: %v, want %v", err, failed)
 		}
@@ -175,7 +176,7 @@ func TestProcessCall(t *testing.T) {
 		// A rebalance cancels the work while the call is out: the other service may still be working
 		// on the request, so the lease stays and no other claim calls before it expires.
 		ctx, cancel := context.WithCancel(ctx)
-		call := inbox.Call{Lease: testLease, Run: func(ctx context.Context) (inbox.Effect, error) {
+		call := inbox.Call{Lease: testLease, Run: func(ctx context.Context, _ int) (inbox.Effect, error) {
 			cancel()
 			<-ctx.Done()
 			return nil, ctx.Err()
@@ -195,14 +196,41 @@ func TestProcessCall(t *testing.T) {
 	t.Run("CompletionFails", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, inbox.Config{})
-		call := inbox.Call{Lease: testLease, Run: func(context.Context) (inbox.Effect, error) {
+		call := inbox.Call{Lease: testLease, Run: func(context.Context, int) (inbox.Effect, error) {
 			return func(context.Context, pgx.Tx) error { return errEffect }, nil
 		}}
 		if _, err := e.store.ProcessCall(ctx, message("k1"), call); !errors.Is(err, errEffect) {
 			t.Fatalf("ProcessCall: %v, want %v", err, errEffect)
 		}
-		if len(e.keys(t)) != 0 || len(e.leases(t)) != 0 {
-			t.Fatalf("keys %v, leases %v; want nothing recorded and the lease released", e.keys(t), e.leases(t))
+		if l := e.leases(t)["k1"]; len(e.keys(t)) != 0 || l.live || l.attempts != 1 {
+			t.Fatalf("keys %v, lease %+v; want nothing recorded and the lease expired with its attempt", e.keys(t), l)
+		}
+	})
+
+	t.Run("CallFailsRetryable", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, inbox.Config{})
+		busy := fault.Retryable(errors.New("busy"))
+		var attempts []int
+		call := inbox.Call{Lease: testLease, Run: func(_ context.Context, attempt int) (inbox.Effect, error) {
+			attempts = append(attempts, attempt)
+			if attempt == 1 {
+				return nil, busy
+			}
+			return record("k1"), nil
+		}}
+		if _, err := e.store.ProcessCall(ctx, message("k1"), call); !errors.Is(err, busy) {
+			t.Fatalf("ProcessCall: %v, want %v", err, busy)
+		}
+		if l := e.leases(t)["k1"]; l.live || l.attempts != 1 {
+			t.Fatalf("lease %+v; want it expired at once, keeping its attempt", l)
+		}
+		// The retry calls at once, as the second attempt.
+		if outcome, err := e.store.ProcessCall(ctx, message("k1"), call); err != nil || outcome != inbox.Applied {
+			t.Fatalf("retry: ProcessCall = %q, %v; want applied", outcome, err)
+		}
+		if fmt.Sprint(attempts) != "[1 2]" || len(e.leases(t)) != 0 {
+			t.Fatalf("attempts %v, leases %v; want [1 2] and no lease", attempts, e.leases(t))
 		}
 	})
 
@@ -244,7 +272,7 @@ func TestProcessCallOneCallAtATime(t *testing.T) {
 	t.Parallel()
 	e := setup(t, inbox.Config{})
 	var inFlight, peak, runs atomic.Int32
-	call := inbox.Call{Lease: testLease, Run: func(ctx context.Context) (inbox.Effect, error) {
+	call := inbox.Call{Lease: testLease, Run: func(ctx context.Context, _ int) (inbox.Effect, error) {
 		n := inFlight.Add(1)
 		defer inFlight.Add(-1)
 		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
@@ -300,7 +328,7 @@ func TestProcessCallHoldsNoConnection(t *testing.T) {
 	for i := range calls {
 		key := fmt.Sprintf("k%02d", i)
 		wg.Go(func() {
-			call := inbox.Call{Lease: testLease, Run: func(ctx context.Context) (inbox.Effect, error) {
+			call := inbox.Call{Lease: testLease, Run: func(ctx context.Context, _ int) (inbox.Effect, error) {
 				out <- struct{}{}
 				select {
 				case <-release:

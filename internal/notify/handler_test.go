@@ -72,7 +72,10 @@ func callOf(h *notify.Handler, d inbox.Delivery) inbox.Call {
 	return inbox.Call{
 		Lease: consumer.CallLease,
 		Check: func(ctx context.Context, tx pgx.Tx) error { return h.Check(ctx, tx, d) },
-		Run:   func(ctx context.Context) (inbox.Effect, error) { return h.Call(ctx, d) },
+		Run: func(ctx context.Context, attempt int) (inbox.Effect, error) {
+			d.Attempt = attempt
+			return h.Call(ctx, d)
+		},
 	}
 }
 
@@ -141,15 +144,16 @@ func (e *env) checkNothingRecorded(t *testing.T, key string) {
 		t.Fatalf("key %s: notification %+v, inbox row %v; want neither", key, n, inInbox)
 	}
 	if leased := e.leased(t, key); leased {
-		t.Fatalf("key %s: a lease is left", key)
+		t.Fatalf("key %s: a live lease is left", key)
 	}
 }
 
-// leased reports whether key has a lease row.
+// leased reports whether key has a live lease.
 func (e *env) leased(t *testing.T, key string) bool {
 	t.Helper()
 	var leased bool
-	if err := e.pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM inbox_leases WHERE idempotency_key = $1)`,
+	if err := e.pool.QueryRow(context.Background(),
+		`SELECT EXISTS (SELECT 1 FROM inbox_leases WHERE idempotency_key = $1 AND expires_at > now())`,
 		key).Scan(&leased); err != nil {
 		t.Fatal(err)
 	}
@@ -341,8 +345,8 @@ func TestHandleLostCommit(t *testing.T) {
 	lost := errors.New("connection lost before commit")
 	call := callOf(e.handler, inbox.Delivery{Key: "k1", Value: testEvent, Attempt: 1})
 	run := call.Run
-	call.Run = func(ctx context.Context) (inbox.Effect, error) {
-		complete, err := run(ctx)
+	call.Run = func(ctx context.Context, attempt int) (inbox.Effect, error) {
+		complete, err := run(ctx, attempt)
 		if err != nil {
 			return nil, err
 		}
@@ -362,7 +366,7 @@ func TestHandleLostCommit(t *testing.T) {
 	if outcome, err := e.process(t, e.handler, "k1", testEvent, 1); err != nil || outcome != inbox.Applied {
 		t.Fatalf("redelivery: Process = %q, %v; want applied", outcome, err)
 	}
-	e.checkSent(t, "k1", 1)
+	e.checkSent(t, "k1", 2) // the second call for the key
 	if calls, delivered := e.provider.Calls("k1"), len(e.provider.Delivered()); calls != 2 || delivered != 1 {
 		t.Fatalf("provider: %d calls, %d deliveries; want 2 and 1", calls, delivered)
 	}
@@ -425,7 +429,7 @@ func TestHandleLeaseExpired(t *testing.T) {
 	if outcome, err := e.process(t, e.handler, "k1", testEvent, 1); err != nil || outcome != inbox.Applied {
 		t.Fatalf("Process = %q, %v; want applied", outcome, err)
 	}
-	e.checkSent(t, "k1", 1)
+	e.checkSent(t, "k1", 2) // the second call for the key
 	requests := e.provider.Requests()
 	if len(requests) != 2 || requests[1].Key != "k1" || requests[1].Reference != "k1" || len(e.provider.Delivered()) != 1 {
 		t.Fatalf("provider requests %+v, %d delivered; want a second with key k1, one delivery", requests, len(e.provider.Delivered()))
