@@ -56,8 +56,8 @@ var ErrLeaseHeld = errors.New("inbox: another claim holds the lease on the key")
 // effect committed with the key, Duplicate or KeyReused when the key was already recorded (no call
 // was made), or an error, in which case nothing was recorded and the lease is released — unless the
 // call was abandoned when its context ended, or Postgres cannot be reached: then the lease is left to
-// expire. A live lease held by another claim is a retryable
-// error wrapping ErrLeaseHeld whose RetryAfter is the lease's remaining time.
+// expire. A live lease held by another claim is a retryable error wrapping ErrLeaseHeld whose
+// RetryAfter is the lease's remaining time.
 //
 // A call error is returned as it is; a Postgres error is classified (see Classify).
 func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcome, error) {
@@ -92,23 +92,28 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 		return "", err
 	}
 
+	var lost bool
 	outcome, err = s.Process(ctx, msg, func(ctx context.Context, tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, forgetLeaseSQL, msg.Handler, msg.Key, l.holder)
 		if err != nil {
 			return Classify(fmt.Errorf("inbox: release the lease: %w", err))
 		}
-		if tag.RowsAffected() == 0 {
-			// Another claim took the lease over after it expired: this call outlived its lease, which
-			// its deadline should prevent. Its result is still true, and is recorded; the other
-			// claim's completion will find the key applied.
-			s.config.Logger.WarnContext(ctx, "the lease on the key was taken over while the call ran",
-				slog.String("handler", msg.Handler), slog.String("key", msg.Key))
-		}
+		// No row: another claim took the lease over after it expired, so this call outlived its
+		// lease, which its deadline should prevent. Its result is still true, and is recorded; the
+		// other claim's completion will find the key applied.
+		lost = tag.RowsAffected() == 0
 		return effect(ctx, tx)
 	})
-	if err != nil || outcome != Applied {
-		// Nothing committed (the retry calls again), or the key was recorded by someone else.
-		s.release(ctx, l, err == nil)
+	switch {
+	case err != nil:
+		// Nothing committed: the retry, if any, calls again.
+		kind, _, _ := fault.Classify(err)
+		s.release(ctx, l, kind == fault.KindPermanent)
+	case outcome != Applied:
+		s.release(ctx, l, true) // recorded by another claim
+	case lost:
+		s.config.Logger.WarnContext(ctx, "the lease on the key was taken over while the call ran",
+			slog.String("handler", msg.Handler), slog.String("key", msg.Key))
 	}
 	return outcome, err
 }

@@ -196,14 +196,21 @@ func TestProcessCall(t *testing.T) {
 	t.Run("CompletionFails", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, inbox.Config{})
-		call := inbox.Call{Lease: testLease, Run: func(context.Context, int) (inbox.Effect, error) {
-			return func(context.Context, pgx.Tx) error { return errEffect }, nil
-		}}
-		if _, err := e.store.ProcessCall(ctx, message("k1"), call); !errors.Is(err, errEffect) {
-			t.Fatalf("ProcessCall: %v, want %v", err, errEffect)
-		}
-		if l := e.leases(t)["k1"]; len(e.keys(t)) != 0 || l.live || l.attempts != 1 {
-			t.Fatalf("keys %v, lease %+v; want nothing recorded and the lease expired with its attempt", e.keys(t), l)
+		// A completion that may succeed later ends the lease and keeps its attempt; one that never can
+		// (the message is dead-lettered) removes it.
+		for _, failure := range []error{fault.Retryable(errEffect), errEffect} {
+			call := inbox.Call{Lease: testLease, Run: func(context.Context, int) (inbox.Effect, error) {
+				return func(context.Context, pgx.Tx) error { return failure }, nil
+			}}
+			if _, err := e.store.ProcessCall(ctx, message("k1"), call); !errors.Is(err, errEffect) {
+				t.Fatalf("ProcessCall: %v, want %v", err, errEffect)
+			}
+			l, leased := e.leases(t)["k1"]
+			if kind, _, _ := fault.Classify(failure); kind == fault.KindRetryable && (!leased || l.live || l.attempts != 1) ||
+				kind == fault.KindPermanent && leased || len(e.keys(t)) != 0 {
+				t.Fatalf("after a %v failure: keys %v, lease %+v (%v); want nothing recorded, and the lease expired "+
+					"with its attempt, or removed", kind, e.keys(t), l, leased)
+			}
 		}
 	})
 
