@@ -342,7 +342,7 @@ func TestHandleLostCommit(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	msg := inbox.Message{Handler: "sms", Key: "k1", Fingerprint: inbox.Fingerprint(testEvent), Topic: "notifications.sms"}
-	lost := errors.New("connection lost before commit")
+	lost := fault.Unavailable(errors.New("connection lost before commit"))
 	call := callOf(e.handler, inbox.Delivery{Key: "k1", Value: testEvent, Attempt: 1})
 	run := call.Run
 	call.Run = func(ctx context.Context, attempt int) (inbox.Effect, error) {
