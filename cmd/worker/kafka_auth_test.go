@@ -68,7 +68,8 @@ func TestKafkaSASLOverTLS(t *testing.T) {
 	})
 	t.Run("WrongPassword", func(t *testing.T) {
 		t.Parallel()
-		// Long enough for a few SCRAM exchanges under the race detector on a busy machine.
+		// Long enough for a TLS handshake and the hang-up on a loaded machine: with less, the
+		// deadline can come first and the hint below is rightly absent.
 		p := startWorker(t, append(env("wrong-s3cret"), "STARTUP_TIMEOUT=3s"), "run")
 		if code := p.wait(); code != 1 {
 			t.Errorf("exit code %d, want 1", code)

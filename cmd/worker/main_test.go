@@ -66,7 +66,9 @@ func startWorker(t *testing.T, env []string, args ...string) *process {
 	t.Helper()
 	p := &process{t: t, changed: make(chan struct{}), exited: make(chan struct{})}
 	p.cmd = exec.Command(workerBin, args...)
-	p.cmd.Env = env
+	// A race-built worker otherwise sleeps a second at exit, for reports that never come; a report
+	// still fails the test, through the exit code and the logs.
+	p.cmd.Env = append(env, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	p.cmd.Stdout = writerFunc(func(b []byte) (int, error) {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -187,6 +189,13 @@ func (p *process) findLog(msg, key, value string) map[string]any {
 		}
 	}
 	return nil
+}
+
+// allLogs returns the log entries logged so far.
+func (p *process) allLogs() []map[string]any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]map[string]any(nil), p.logs...)
 }
 
 // httpAddr waits until the worker serves HTTP and returns its base URL.

@@ -43,6 +43,9 @@ type Config struct {
 	BatchSize int
 	BatchWait time.Duration
 
+	// LagInterval is how often the consumer_lag metric is refreshed. Defaults to 5s.
+	LagInterval time.Duration
+
 	HTTPAddr        string
 	ShutdownTimeout time.Duration
 	StartupTimeout  time.Duration
@@ -138,6 +141,9 @@ var settings = []*setting{
 	{Env: "BATCH_WAIT", Flag: "batch-wait", Default: "5ms", Meta: "DURATION", Use: useWorker,
 		Usage: "how long a batch waits for more messages after its first",
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.BatchWait, v) }},
+	{Env: "LAG_INTERVAL", Flag: "lag-interval", Default: "5s", Meta: "DURATION", Use: useWorker,
+		Usage: "how often the consumer_lag metric is refreshed",
+		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.LagInterval, v) }},
 	{Env: "HTTP_ADDR", Flag: "http-addr", Default: ":8080", Meta: "ADDR", Use: useWorker,
 		Usage: "address of /metrics, /healthz and /readyz",
 		Set:   func(c *Config, v string) error { return envflag.Addr(&c.HTTPAddr, v) }},

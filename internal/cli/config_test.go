@@ -141,6 +141,7 @@ var contractDefaults = map[string]string{
 	"INBOX_RETENTION_SMS":      "",
 	"BATCH_SIZE":               "256", // not in the contract's table: the throughput settings
 	"BATCH_WAIT":               "5ms",
+	"LAG_INTERVAL":             "5s", // how often consumer_lag is refreshed
 	"HTTP_ADDR":                ":8080",
 	"SHUTDOWN_TIMEOUT":         "30s",
 	"STARTUP_TIMEOUT":          "15s",
@@ -169,7 +170,7 @@ func TestDefaults(t *testing.T) {
 		DatabaseURL:   "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 		TopicPayments: "payments.callbacks", TopicSMS: "notifications.sms", DLQSuffix: ".dlq",
 		RetryInitialInterval: 200 * time.Millisecond, RetryMaxInterval: 30 * time.Second, RetryMaxElapsed: 5 * time.Minute,
-		BatchSize: 256, BatchWait: 5 * time.Millisecond,
+		BatchSize: 256, BatchWait: 5 * time.Millisecond, LagInterval: 5 * time.Second,
 		HTTPAddr: ":8080", ShutdownTimeout: 30 * time.Second, StartupTimeout: 15 * time.Second,
 		LogLevel: slog.LevelInfo, LogFormat: "json", DevKafkaAddr: "127.0.0.1:9092",
 	}
@@ -295,5 +296,26 @@ func TestStartupLogMasksSecrets(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the startup line lacks %s: %s", want, out.String())
 		}
+	}
+}
+
+// TestEverySettingIsRead checks that every setting of the table is read by a command: a setting
+// no command binds is silently ignored, its variable and its flag alike (LAG_INTERVAL was, while
+// each command listed its settings by name).
+func TestEverySettingIsRead(t *testing.T) {
+	t.Parallel()
+	read := map[*setting]bool{}
+	for _, c := range commands() {
+		for _, s := range c.selected() {
+			read[s] = true
+		}
+	}
+	for _, s := range settings {
+		if !read[s] {
+			t.Errorf("no command reads %s (--%s)", s.Env, s.Flag)
+		}
+	}
+	if cfg := parseConfig(t, map[string]string{"LAG_INTERVAL": "100ms"}, "run"); cfg.LagInterval != 100*time.Millisecond {
+		t.Errorf("worker run: LAG_INTERVAL=100ms gives %s", cfg.LagInterval)
 	}
 }

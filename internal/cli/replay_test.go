@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
@@ -557,4 +559,57 @@ func headerList(headers []kafka.Header) []string {
 		out = append(out, h.Key+"="+string(h.Value))
 	}
 	return out
+}
+
+// TestReplayStopsAtEndOffsets writes more dead letters while the replay reads the dead-letter topic,
+// held at its first fetch: the replay puts back only those up to the end offsets it saw at its
+// start, not the ones that arrived after.
+func TestReplayStopsAtEndOffsets(t *testing.T) {
+	t.Parallel()
+	c := setupReplay(t)
+	letter := func(orderNo string) kafka.Message {
+		return dead(callback("evt-"+orderNo, orderNo), "unknown_order", replayPayments)
+	}
+	c.deadLetter(replayDLQ, letter("E-1"), letter("E-2"))
+
+	var once sync.Once
+	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		once.Do(func() {
+			// Written by another connection while this fetch sleeps: the fetch then finds them.
+			written := make(chan struct{})
+			go func() {
+				defer close(written)
+				if err := writeAll(c.Addr, replayDLQ, letter("LATE-1"), letter("LATE-2")); err != nil {
+					t.Errorf("write the late dead letters: %v", err)
+				}
+			}()
+			c.SleepControl(func() { <-written })
+		})
+		return nil, nil, false
+	})
+
+	r := c.replay(replayDLQ)
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	if got := len(c.read(replayDLQ)); got != 4 {
+		t.Fatalf("%d dead letters, want 4: the late ones were not written during the replay", got)
+	}
+	if got := keys(c.read(replayPayments)); !slices.Equal(got, []string{"E-1", "E-2"}) {
+		t.Errorf("replayed %v, want only E-1 and E-2, the dead letters there when the replay started", got)
+	}
+}
+
+// writeAll writes msgs to partition 0 of topic, from a goroutine other than the test's.
+func writeAll(addr, topic string, msgs ...kafka.Message) error {
+	transport := &kafka.Transport{}
+	defer transport.CloseIdleConnections()
+	w := &kafka.Writer{Addr: kafka.TCP(addr), Transport: transport, Topic: topic,
+		Balancer:     kafka.BalancerFunc(func(kafka.Message, ...int) int { return 0 }),
+		RequiredAcks: kafka.RequireAll, BatchSize: len(msgs), BatchTimeout: time.Millisecond}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return w.WriteMessages(ctx, msgs...)
 }

@@ -57,7 +57,7 @@ type route struct {
 	// retention is the setting's field: 0 when unset, until checkKafka settles it from the topic.
 	retention        *time.Duration
 	retentionSetting string
-	handler          func(cfg *Config, logger *slog.Logger) (consumer.Handler, error)
+	handler          func(cfg *Config, logger *slog.Logger) (any, error) // a consumer.Handler or CallHandler
 }
 
 // paymentsInbox is the inbox name of the payment callbacks, which the demo's summary reads.
@@ -68,12 +68,12 @@ func routes(cfg *Config) []route {
 	return []route{
 		{topic: cfg.TopicPayments, inbox: paymentsInbox,
 			retention: &cfg.InboxRetentionPayments, retentionSetting: "INBOX_RETENTION_PAYMENTS",
-			handler: func(_ *Config, logger *slog.Logger) (consumer.Handler, error) {
+			handler: func(_ *Config, logger *slog.Logger) (any, error) {
 				return payment.NewHandler(payment.Config{Logger: logger})
 			}},
 		{topic: cfg.TopicSMS, inbox: "sms",
 			retention: &cfg.InboxRetentionSMS, retentionSetting: "INBOX_RETENTION_SMS",
-			handler: func(cfg *Config, logger *slog.Logger) (consumer.Handler, error) {
+			handler: func(cfg *Config, logger *slog.Logger) (any, error) {
 				sender, err := smsSender(cfg, logger)
 				if err != nil {
 					return nil, err
@@ -215,6 +215,7 @@ func (w *worker) wire(ctx context.Context) error {
 		},
 		BatchSize:       cfg.BatchSize,
 		BatchWait:       cfg.BatchWait,
+		LagInterval:     cfg.LagInterval,
 		ShutdownTimeout: drainTimeout(cfg.ShutdownTimeout),
 		Pool:            w.pool,
 		Store:           w.store,
@@ -237,9 +238,10 @@ func kafkaOf(cfg *Config, logger *slog.Logger) startup.Kafka {
 }
 
 // drainTimeout is the part of SHUTDOWN_TIMEOUT given to in-flight messages; the rest is left to
-// commit their offsets and close the connections.
+// commit their offsets, leave the group and close the connections, which takes about 200ms on the
+// embedded broker: half of a short timeout, 2s of a long one.
 func drainTimeout(shutdown time.Duration) time.Duration {
-	return shutdown - min(shutdown/5, 2*time.Second)
+	return shutdown - min(shutdown/2, 2*time.Second)
 }
 
 // smsSender is the HTTP gateway of SMS_PROVIDER_URL, or a sender that only logs when it is unset.
@@ -348,8 +350,14 @@ func (w *worker) run(ctx context.Context) (err error) {
 	case err := <-done:
 		return w.stopped(err)
 	case <-timer.C:
+		// In-flight work was cancelled at the drain timeout and its transactions rolled back; what
+		// is left is leaving the group and closing connections, which the group's session timeout
+		// stands in for. Nothing is committed half, so this is still a clean stop.
 		stuck = true
-		return fmt.Errorf("SHUTDOWN_TIMEOUT: the consumer did not stop within %s", w.cfg.ShutdownTimeout)
+		w.logger.Warn("SHUTDOWN_TIMEOUT ran out before the consumer left its group; exiting anyway: "+
+			"the group hands its partitions on after KAFKA_SESSION_TIMEOUT",
+			slog.Duration("shutdown_timeout", w.cfg.ShutdownTimeout))
+		return nil
 	}
 }
 

@@ -103,8 +103,9 @@ type Route struct {
 	Topic string
 	// Name is the handler's name in the inbox ("payments", "sms"): keys are unique per name. Required.
 	Name string
-	// Handler applies the topic's messages. Required.
-	Handler Handler
+	// Handler applies the topic's messages: a Handler (a BatchHandler among them) or a CallHandler.
+	// Required.
+	Handler any
 }
 
 // Retry configures the backoff for retryable errors.
@@ -257,6 +258,8 @@ func (config *Config) validate() error {
 			return fmt.Errorf("Config.Routes[%d].Name is required", i)
 		case r.Handler == nil:
 			return fmt.Errorf("Config.Routes[%d].Handler is required", i)
+		case !isHandler(r.Handler):
+			return fmt.Errorf("Config.Routes[%d].Handler is a %T, neither a Handler nor a CallHandler", i, r.Handler)
 		case topics[r.Topic]:
 			return fmt.Errorf("Config.Routes[%d].Topic %q is routed twice", i, r.Topic)
 		}

@@ -2,10 +2,12 @@ package consumer_test
 
 import (
 	"errors"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,6 +57,8 @@ func TestRetry(t *testing.T) {
 		wantApplied bool
 		wantReason  fault.Reason
 		wantError   string
+		// wantRetries is how many retries are counted and logged; -1 for at least one (a retry
+		// budget running out).
 		wantRetries float64
 	}{
 		{
@@ -75,24 +79,34 @@ func TestRetry(t *testing.T) {
 			wantError:  "boom",
 		},
 		{
+			name: "LongError",
+			fail: func(int) error {
+				return fault.Permanent(fault.InvalidPayload, errors.New(strings.Repeat("boom ", 20000)))
+			},
+			wantReason: fault.InvalidPayload,
+			wantError:  "boom boom",
+		},
+		{
 			name:       "Unclassified",
 			fail:       func(int) error { return errBoom },
 			wantReason: fault.HandlerError,
 			wantError:  "boom",
 		},
 		{
-			name:       "RetriesExhausted",
-			fail:       func(int) error { return fault.Retryable(errBoom) },
-			maxElapsed: 100 * time.Millisecond,
-			wantReason: fault.RetriesExhausted,
-			wantError:  "boom",
+			name:        "RetriesExhausted",
+			wantRetries: -1,
+			fail:        func(int) error { return fault.Retryable(errBoom) },
+			maxElapsed:  100 * time.Millisecond,
+			wantReason:  fault.RetriesExhausted,
+			wantError:   "boom",
 		},
 		{
-			name:       "RetriesExhaustedWithReason",
-			fail:       func(int) error { return fault.RetryableUntil(fault.UnknownOrder, errBoom) },
-			maxElapsed: 100 * time.Millisecond,
-			wantReason: fault.UnknownOrder,
-			wantError:  "boom",
+			name:        "RetriesExhaustedWithReason",
+			wantRetries: -1,
+			fail:        func(int) error { return fault.RetryableUntil(fault.UnknownOrder, errBoom) },
+			maxElapsed:  100 * time.Millisecond,
+			wantReason:  fault.UnknownOrder,
+			wantError:   "boom",
 		},
 		{
 			name:       "Panic",
@@ -106,8 +120,10 @@ func TestRetry(t *testing.T) {
 			t.Parallel()
 			forEachMode(t, func(t *testing.T, mode consumer.Transactions) {
 				e := setup(t, mode, 1)
+				var runs atomic.Int64 // the handler's runs for the first message
 				config := e.config(&recorder{fail: func(d inbox.Delivery) error {
 					if d.Key == "first" {
+						runs.Add(1)
 						return tt.fail(d.Attempt)
 					}
 					return nil
@@ -129,9 +145,11 @@ func TestRetry(t *testing.T) {
 				if effects["second"] != 1 {
 					t.Errorf("the next message was applied %d times, want once", effects["second"])
 				}
-				if got := testutil.ToFloat64(config.Metrics.Retries.WithLabelValues(topic)); tt.wantRetries > 0 && got != tt.wantRetries {
-					t.Errorf("retries = %v, want %v", got, tt.wantRetries)
+				retries := testutil.ToFloat64(config.Metrics.Retries.WithLabelValues(topic))
+				if tt.wantRetries >= 0 && retries != tt.wantRetries || tt.wantRetries < 0 && retries < 1 {
+					t.Errorf("retries = %v, want %v (-1: at least one)", retries, tt.wantRetries)
 				}
+				checkRetryLogs(t, e, "first", int(retries))
 				if tt.wantApplied {
 					if effects["first"] != 1 || outcomes(config, "applied") != 2 {
 						t.Errorf("first applied %d times (applied outcomes %v), want once (2)", effects["first"], outcomes(config, "applied"))
@@ -150,6 +168,12 @@ func TestRetry(t *testing.T) {
 					t.Fatalf("%d dead letters, want 1", len(dead))
 				}
 				checkDeadLetter(t, dead[0], original, tt.wantReason, tt.wantError)
+				if n := len(header(dead[0], "dlq-error")); n > 8<<10 {
+					t.Errorf("dlq-error is %d bytes long, want it bounded (at most 8 KiB)", n)
+				}
+				if got := header(dead[0], "dlq-attempts"); got != strconv.FormatInt(runs.Load(), 10) {
+					t.Errorf("dlq-attempts = %q, the handler ran %d times", got, runs.Load())
+				}
 			})
 		})
 	}
@@ -193,11 +217,43 @@ func TestRetryAfter(t *testing.T) {
 		if effects := e.effects(); effects["throttled"] != 1 || effects["after"] != 1 || effects["tomorrow"] != 0 {
 			t.Errorf("effects = %v, want throttled and after once, tomorrow never", effects)
 		}
+		// The delay the worker decided, as it logged it: the Retry-After, not the backoff's 1ms.
+		if got := testutil.ToFloat64(config.Metrics.Retries.WithLabelValues(topic)); got != 1 {
+			t.Errorf("retries = %v, want 1 (the throttled message's)", got)
+		}
+		checkRetryLogs(t, e, "throttled", 1)
+		checkRetryLogs(t, e, "tomorrow", 0)
+		if logs := e.retryLogs("throttled"); len(logs) == 1 && logs[0].Attrs["delay"].Duration() < retryAfter {
+			t.Errorf("the throttled message's retry was logged with delay %v, want at least its Retry-After %v",
+				logs[0].Attrs["delay"], retryAfter)
+		}
 		dead := e.deadLetters()
 		if len(dead) != 1 || header(dead[0], deadletter.HeaderReason) != string(fault.RetriesExhausted) {
 			t.Fatalf("dead letters %v, want the message asking for a day, as retries_exhausted", dead)
 		}
+		if got, want := header(dead[0], "dlq-attempts"), strconv.Itoa(len(attempts["tomorrow"])); got != want {
+			t.Errorf("dlq-attempts = %q, the handler ran %s times", got, want)
+		}
 	})
+}
+
+// checkRetryLogs checks that each of the n retries of the message whose idempotency key is key was
+// logged with its attempt (1, 2, … in order) and a positive delay.
+func checkRetryLogs(t *testing.T, e *env, key string, n int) {
+	t.Helper()
+	logs := e.retryLogs(key)
+	if len(logs) != n {
+		t.Errorf("%d retries of %s logged with attempt and delay, want %d", len(logs), key, n)
+	}
+	for i, r := range logs {
+		if delay := r.Attrs["delay"]; delay.Kind() != slog.KindDuration || delay.Duration() <= 0 {
+			t.Errorf("retry %d of %s logged with delay %v, want a positive duration", i+1, key, delay)
+		}
+		if i > 0 && r.Attrs["attempt"].Int64() <= logs[i-1].Attrs["attempt"].Int64() {
+			t.Errorf("retries of %s logged with attempts %v then %v, want them rising", key,
+				logs[i-1].Attrs["attempt"], r.Attrs["attempt"])
+		}
+	}
 }
 
 // checkDeadLetter checks every header of a dead letter of the first message of a partition.
@@ -262,7 +318,16 @@ func testBadKeys(t *testing.T, mode consumer.Transactions) {
 
 	var got []fault.Reason
 	for _, m := range e.deadLetters() {
-		got = append(got, fault.Reason(header(m, deadletter.HeaderReason)))
+		reason := header(m, deadletter.HeaderReason)
+		got = append(got, fault.Reason(reason))
+		// No handler ran for a bad key: it is caught before. (A reused key is caught by the claim,
+		// which the consumer counts as an attempt, though the handler did not run: not checked.)
+		if n := header(m, deadletter.HeaderAttempts); reason != string(fault.IdempotencyKeyReused) && n != "0" {
+			t.Errorf("%s: dlq-attempts = %q, want 0: no handler ran", reason, n)
+		}
+	}
+	if got := testutil.ToFloat64(config.Metrics.Retries.WithLabelValues(topic)); got != 0 {
+		t.Errorf("retries = %v, want none", got)
 	}
 	var want []fault.Reason
 	for _, r := range wantReasons {

@@ -254,12 +254,13 @@ func TestBatchConcurrentSuccesses(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for i := range n {
+		// Built here: callback may call t.Fatal, which only the test's goroutine may.
+		batch := []delivery{
+			{fmt.Sprintf("k%d", i), callback(t, map[string]any{"provider_txn_id": fmt.Sprintf("T%d", i)})},
+			{fmt.Sprintf("own%d", i), callback(t, map[string]any{"order_no": fmt.Sprintf("OWN-%d", i),
+				"provider_txn_id": fmt.Sprintf("OWN-T%d", i)})},
+		}
 		wg.Go(func() {
-			batch := []delivery{
-				{fmt.Sprintf("k%d", i), callback(t, map[string]any{"provider_txn_id": fmt.Sprintf("T%d", i)})},
-				{fmt.Sprintf("own%d", i), callback(t, map[string]any{"order_no": fmt.Sprintf("OWN-%d", i),
-					"provider_txn_id": fmt.Sprintf("OWN-T%d", i)})},
-			}
 			got, err := e.deliverBatch(t, batch, nil)
 			if err != nil || !slices.Equal(got, []inbox.Outcome{inbox.Applied, inbox.Applied}) {
 				t.Errorf("batch %d: got %v, %v; want both applied", i, got, err)
@@ -309,8 +310,14 @@ func TestBatchTransactionRecordedConcurrently(t *testing.T) {
 	// The first batch pays ORD-1 with T1 and holds its transaction open.
 	paidFirst, release := make(chan struct{}), make(chan struct{})
 	firstDone := make(chan error, 1)
+	// The batches are built here: callback may call t.Fatal, which only the test's goroutine may.
+	first := []delivery{{"k1", callback(t, map[string]any{"order_no": "ORD-1"})}}
+	second := []delivery{
+		{"k2", callback(t, map[string]any{"order_no": "ORD-2"})},
+		{"k3", callback(t, map[string]any{"order_no": "ORD-3", "provider_txn_id": "T3"})},
+	}
 	go func() {
-		_, err := e.deliverBatch(t, []delivery{{"k1", callback(t, map[string]any{"order_no": "ORD-1"})}},
+		_, err := e.deliverBatch(t, first,
 			func(tx pgx.Tx) pgx.Tx {
 				return &hookedTx{Tx: tx, match: "INSERT INTO payment_transactions", after: func() { close(paidFirst); <-release }}
 			})
@@ -321,10 +328,7 @@ func TestBatchTransactionRecordedConcurrently(t *testing.T) {
 	// The second names T1 for ORD-2: its statement waits for the first transaction, then fails.
 	secondDone := make(chan error, 1)
 	go func() {
-		_, err := e.deliverBatch(t, []delivery{
-			{"k2", callback(t, map[string]any{"order_no": "ORD-2"})},
-			{"k3", callback(t, map[string]any{"order_no": "ORD-3", "provider_txn_id": "T3"})},
-		}, nil)
+		_, err := e.deliverBatch(t, second, nil)
 		secondDone <- err
 	}()
 	deadline := time.Now().Add(30 * time.Second)

@@ -123,7 +123,12 @@ func testThroughConsumer(t *testing.T, mode consumer.Transactions) {
 		Routes: []consumer.Route{{Topic: topic, Name: "payments", Handler: &createOnRetry{
 			handler: e.handler,
 			key:     "e7",
-			create:  func() { createOrder(t, e.pool, "ORD-LATE", "99.90", "CNY", "PENDING") },
+			// Runs in the consumer's goroutine: reports with t.Errorf, never t.Fatal.
+			create: func() {
+				if err := insertOrder(e.pool, "ORD-LATE", "99.90", "CNY", "PENDING"); err != nil {
+					t.Errorf("create ORD-LATE: %v", err)
+				}
+			},
 		}}},
 		SessionTimeout: 600 * time.Millisecond,
 		Retry: consumer.Retry{

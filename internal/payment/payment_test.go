@@ -74,16 +74,24 @@ type querier interface {
 // createOrder inserts an order as the order service does; a status other than PENDING is set after.
 func createOrder(t testing.TB, db querier, orderNo, amount, currency, status string) {
 	t.Helper()
+	if err := insertOrder(db, orderNo, amount, currency, status); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// insertOrder is createOrder for a goroutine other than the test's, which must not call t.Fatal.
+func insertOrder(db querier, orderNo, amount, currency, status string) error {
 	ctx := context.Background()
 	if _, err := db.Exec(ctx, `INSERT INTO orders (order_no, user_id, amount, currency, status)
 		VALUES ($1, 'user-1', $2::numeric, $3, 'PENDING')`, orderNo, amount, currency); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	if status != "PENDING" {
 		if _, err := db.Exec(ctx, `UPDATE orders SET status = $2 WHERE order_no = $1`, orderNo, status); err != nil {
-			t.Fatal(err)
+			return err
 		}
 	}
+	return nil
 }
 
 // state is what an operator would see of one order: one line per row.
@@ -431,9 +439,10 @@ func TestConcurrentSuccesses(t *testing.T) {
 		var wg sync.WaitGroup
 		errs := make(chan error, n)
 		for i := range n {
+			// Built here: callback may call t.Fatal, which only the test's goroutine may.
+			value := callback(t, map[string]any{"provider_txn_id": fmt.Sprintf("T%d", i)})
 			wg.Go(func() {
 				key := fmt.Sprintf("%s%d", keyPrefix, i)
-				value := callback(t, map[string]any{"provider_txn_id": fmt.Sprintf("T%d", i)})
 				if got, err := e.deliver(t, key, value); err != nil || got != want {
 					errs <- fmt.Errorf("deliver %s: got %q, %v; want %q", key, got, err, want)
 				}
