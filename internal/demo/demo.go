@@ -2,11 +2,11 @@
 // events with redeliveries, retries and bad messages, played against a running worker, then a
 // summary read from the database and the dead-letter topics, checked against the consumer's metrics.
 //
-// It seeds and reads the business tables (orders, payments, payment_anomalies, notifications) of
-// its own schema directly: it is a fixture and a report, like a test, not business logic, and its
-// queries (a callback applied is a row of payments or payment_anomalies under its key) state what
-// the demo shows, not what the worker does. It does not start the broker or the worker: package cli
-// wires those.
+// It seeds orders and reads the business tables of its own schema (orders, payments, notifications;
+// the anomalies through payment.CountAnomalies, which the metrics share) directly: it is a fixture
+// and a report, like a test, not business logic, and its queries (a callback applied is a row of
+// payments or payment_anomalies under its key) state what the demo shows, not what the worker does.
+// It does not start the broker or the worker: package cli wires those.
 package demo
 
 import (
