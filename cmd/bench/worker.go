@@ -45,7 +45,6 @@ func runWorker(transactions consumer.Transactions) mode {
 			Transactions: transactions,
 			BatchSize:    e.cfg.BatchSize,
 			BatchWait:    e.cfg.BatchWait,
-			Pool:         e.pool,
 			Store:        store,
 			Metrics:      metrics,
 			Logger:       log,

@@ -79,7 +79,6 @@ func TestReady(t *testing.T) {
 	notStarted, err := consumer.New(consumer.Config{
 		Brokers: []string{"127.0.0.1:1"},
 		Routes:  []consumer.Route{{Topic: "t", Name: "t", Handler: nopHandler{}}},
-		Pool:    db.Pool,
 		Store:   store,
 	})
 	if err != nil {

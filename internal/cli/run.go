@@ -134,8 +134,8 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 		Brokers: cfg.KafkaBrokers,
 		GroupID: cfg.KafkaGroupID,
 		Routes: []consumer.Route{
-			{Topic: cfg.TopicPayments, Name: paymentsHandler, Handler: payments},
-			{Topic: cfg.TopicSMS, Name: smsHandler, Handler: sms},
+			{Topic: cfg.TopicPayments, Name: paymentsHandler, Handler: payments, Concurrency: cfg.PaymentsConcurrency},
+			{Topic: cfg.TopicSMS, Name: smsHandler, Handler: sms, Concurrency: cfg.SMSConcurrency},
 		},
 		SASL:           mechanism,
 		TLS:            tlsConfig,
@@ -146,10 +146,11 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 			MaxInterval:     cfg.RetryMaxInterval,
 			MaxElapsed:      cfg.RetryMaxElapsed,
 		},
+		Ordering:        ordering(cfg.Ordering),
+		MaxInFlight:     cfg.MaxInFlight,
 		BatchSize:       cfg.BatchSize,
 		BatchWait:       cfg.BatchWait,
 		ShutdownTimeout: drainTimeout(cfg.ShutdownTimeout),
-		Pool:            w.pool,
 		Store:           w.store,
 		Metrics:         w.metrics,
 		Logger:          logger,
@@ -159,6 +160,14 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 	}
 
 	return w, nil
+}
+
+// ordering is ORDERING's value for the consumer.
+func ordering(v string) consumer.Ordering {
+	if v == "partition" {
+		return consumer.ByPartition
+	}
+	return consumer.ByKey
 }
 
 // drainTimeout is the part of SHUTDOWN_TIMEOUT given to in-flight messages; the rest is left to

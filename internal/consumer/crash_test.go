@@ -23,7 +23,7 @@ func TestCrash(t *testing.T) {
 	})
 }
 
-func testCrashAfterDatabaseCommit(t *testing.T, mode consumer.Transactions) {
+func testCrashAfterDatabaseCommit(t *testing.T, mode testMode) {
 	e := setup(t, mode, 1)
 	all := keys("crash", 5)
 	e.produce(all...)
@@ -49,7 +49,7 @@ func testCrashAfterDatabaseCommit(t *testing.T, mode consumer.Transactions) {
 	}
 }
 
-func testCrashInTransaction(t *testing.T, mode consumer.Transactions) {
+func testCrashInTransaction(t *testing.T, mode testMode) {
 	e := setup(t, mode, 1)
 	all := keys("crash", 5)
 	e.produce(all...)
@@ -74,7 +74,7 @@ func TestCrashLoop(t *testing.T) {
 	forEachMode(t, testCrashLoop)
 }
 
-func testCrashLoop(t *testing.T, mode consumer.Transactions) {
+func testCrashLoop(t *testing.T, mode testMode) {
 	e := setup(t, mode, 1)
 	all := []string{"before", "poison", "after-1", "after-2"}
 	e.produce(all...)

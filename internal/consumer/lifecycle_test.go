@@ -32,7 +32,7 @@ func TestShutdown(t *testing.T) {
 	})
 }
 
-func testShutdownInFlightFinishes(t *testing.T, mode consumer.Transactions) {
+func testShutdownInFlightFinishes(t *testing.T, mode testMode) {
 	e := setup(t, mode, 1)
 	entered := make(chan struct{})
 	c, stop := e.start(e.config(&recorder{fail: func(d inbox.Delivery) error {
@@ -54,7 +54,7 @@ func testShutdownInFlightFinishes(t *testing.T, mode consumer.Transactions) {
 	}
 }
 
-func testShutdownTimeoutCancels(t *testing.T, mode consumer.Transactions) {
+func testShutdownTimeoutCancels(t *testing.T, mode testMode) {
 	e := setup(t, mode, 1)
 	entered := make(chan struct{})
 	causes := make(chan error, 1)
@@ -99,7 +99,7 @@ func TestDeadLetterTopicUnavailable(t *testing.T) {
 	forEachMode(t, testDeadLetterTopicUnavailable)
 }
 
-func testDeadLetterTopicUnavailable(t *testing.T, mode consumer.Transactions) {
+func testDeadLetterTopicUnavailable(t *testing.T, mode testMode) {
 	e := &env{t: t, mode: mode, kafka: kafkatest.Start(t, 1, topic), db: pgtest.Schema(t), partitions: 1, log: testlog.New(t)}
 	if _, err := e.db.Pool.Exec(t.Context(), effectsTable); err != nil {
 		t.Fatal(err)
@@ -114,7 +114,7 @@ func testDeadLetterTopicUnavailable(t *testing.T, mode consumer.Transactions) {
 		return nil
 	}})
 	e.start(config)
-	e.produce("bad", "next")
+	e.produceOrdered("order-1", "bad", "next")
 	<-attempted
 
 	// No dead-letter topic yet: the partition waits.
@@ -156,7 +156,7 @@ func TestLag(t *testing.T) {
 	forEachMode(t, testLag)
 }
 
-func testLag(t *testing.T, mode consumer.Transactions) {
+func testLag(t *testing.T, mode testMode) {
 	e := setup(t, mode, 1)
 	release := make(chan struct{})
 	config := e.config(&recorder{fail: func(d inbox.Delivery) error {

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -23,9 +22,9 @@ func TestDatabaseOutage(t *testing.T) {
 	forEachMode(t, testDatabaseOutage)
 }
 
-func testDatabaseOutage(t *testing.T, mode consumer.Transactions) {
-	// One partition: the messages after "held" wait behind it, so no other transaction is in flight
-	// when the connection is cut.
+func testDatabaseOutage(t *testing.T, mode testMode) {
+	// One partition, one key: the messages after "held" wait behind it, so no other transaction is
+	// in flight when the connection is cut.
 	e := setup(t, mode, 1)
 	proxy := startProxy(t, e.db.URL)
 	pool, err := pgxpool.New(context.Background(), proxy.url)
@@ -39,7 +38,7 @@ func testDatabaseOutage(t *testing.T, mode consumer.Transactions) {
 	}
 	// The handler of "held" waits, its transaction open, until the connection is cut.
 	held, release := make(chan struct{}), make(chan struct{})
-	config := testConfig(e.kafka.Addr, pool, store, &recorder{fail: func(d inbox.Delivery) error {
+	config := testConfig(e.kafka.Addr, store, &recorder{fail: func(d inbox.Delivery) error {
 		if d.Key == "held" && d.Attempt == 1 {
 			close(held)
 			<-release
@@ -54,7 +53,7 @@ func testDatabaseOutage(t *testing.T, mode consumer.Transactions) {
 	e.waitFor("the first messages applied", func() bool { return len(e.effects()) == len(before) })
 
 	during := append([]string{"held"}, keys("during", 20)...)
-	e.produce(during...)
+	e.produceOrdered("order-held", during...)
 	<-held
 	proxy.cut()
 	close(release)

@@ -7,7 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -32,7 +31,7 @@ func TestRebalance(t *testing.T) {
 	forEachMode(t, testRebalance)
 }
 
-func testRebalance(t *testing.T, mode consumer.Transactions) {
+func testRebalance(t *testing.T, mode testMode) {
 	e := setup(t, mode, 4)
 	all := keys("r", 400)
 	e.produce(all...)

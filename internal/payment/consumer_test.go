@@ -131,7 +131,6 @@ func testThroughConsumer(t *testing.T, mode consumer.Transactions) {
 		Transactions:    mode,
 		ShutdownTimeout: 5 * time.Second,
 		LagInterval:     50 * time.Millisecond,
-		Pool:            e.pool,
 		Store:           e.store,
 		Metrics:         metrics,
 		Logger:          testlog.New(t),
