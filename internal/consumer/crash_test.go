@@ -6,6 +6,9 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/kafkatest"
+	"github.com/inboxworker/inboxworker/internal/pgtest"
+	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
 // TestCrash kills a worker process with SIGKILL and checks that a new worker applies each message
@@ -74,7 +77,13 @@ func TestCrashLoop(t *testing.T) {
 	forEachMode(t, testCrashLoop)
 }
 
+// crashLoopStarts is the README's: "dead-letters a message started 5 times without finishing".
+const crashLoopStarts = 5
+
 func testCrashLoop(t *testing.T, mode testMode) {
+	if consumer.CrashLoopStarts != crashLoopStarts {
+		t.Fatalf("CrashLoopStarts = %d, the README says %d", consumer.CrashLoopStarts, crashLoopStarts)
+	}
 	e := setup(t, mode, 1)
 	all := []string{"before", "poison", "after-1", "after-2"}
 	e.produce(all...)
@@ -93,14 +102,14 @@ func testCrashLoop(t *testing.T, mode testMode) {
 			t.Fatalf("the worker exited by itself: %v", w.err)
 		}
 		kills++
-		if kills > consumer.CrashLoopStarts+1 {
+		if kills > crashLoopStarts+1 {
 			t.Fatalf("the worker died %d times: the crash loop was not broken", kills)
 		}
 	}
 	// The first death may come in a batch of several messages, which is narrowed to single messages
 	// afterwards: the poison's own starts are counted from its first single start.
-	if kills < consumer.CrashLoopStarts {
-		t.Errorf("dead-lettered after %d deaths, want at least %d", kills, consumer.CrashLoopStarts)
+	if kills < crashLoopStarts {
+		t.Errorf("dead-lettered after %d deaths, want at least %d", kills, crashLoopStarts)
 	}
 
 	dead := e.deadLetters()
@@ -113,7 +122,7 @@ func testCrashLoop(t *testing.T, mode testMode) {
 	if got := header(dead[0], "dlq-original-offset"); got != "1" {
 		t.Errorf("dlq-original-offset = %q, want 1", got)
 	}
-	if got := header(dead[0], "dlq-attempts"); got != strconv.Itoa(consumer.CrashLoopStarts) {
+	if got := header(dead[0], "dlq-attempts"); got != strconv.Itoa(crashLoopStarts) {
 		t.Errorf("dlq-attempts = %q, want %d", got, consumer.CrashLoopStarts)
 	}
 	if got := e.committed(); got != int64(len(all)) {
@@ -134,4 +143,64 @@ func checkOnce(t *testing.T, e *env, keys []string) {
 	if len(effects) != len(keys) {
 		t.Errorf("effects = %v, want exactly %v once", effects, keys)
 	}
+}
+
+// TestCrashLoopOffsetsRestart runs workers one after another on one database, each against a new
+// broker whose topic holds one new message at offset 0, as `worker dev` restarted does: no worker
+// dies in a message, so none may be dead-lettered as a crash loop, however often offset 0 was
+// started before.
+func TestCrashLoopOffsetsRestart(t *testing.T) {
+	t.Parallel()
+	const runs = crashLoopStarts + 2
+
+	// Each worker finishes its message and stops cleanly.
+	t.Run("Stopped", func(t *testing.T) {
+		t.Parallel()
+		forEachMode(t, func(t *testing.T, mode testMode) {
+			db := pgtest.Schema(t)
+			if _, err := db.Pool.Exec(t.Context(), effectsTable); err != nil {
+				t.Fatal(err)
+			}
+			var all []string
+			for run := range runs {
+				e := &env{t: t, mode: mode, kafka: kafkatest.Start(t, 1, topic, dlqTopic), db: db, partitions: 1, log: testlog.New(t)}
+				key := "run-" + strconv.Itoa(run)
+				all = append(all, key)
+				e.produce(key)
+				config := e.config(&recorder{})
+				_, stop := e.start(config)
+				e.waitFor("the offset committed", func() bool { return e.committed() == 1 })
+				stop()
+				if dead := e.deadLetters(); len(dead) != 0 {
+					t.Fatalf("run %d dead-lettered its message: %s", run, header(dead[0], "dlq-reason"))
+				}
+				checkOnce(t, e, all)
+			}
+		})
+	})
+
+	// Each worker is killed after its message's transaction committed, before its offset commit:
+	// it leaves its range recorded, about a message no later broker has.
+	t.Run("Killed", func(t *testing.T) {
+		t.Parallel()
+		mode := testMode{tx: consumer.PerBatch, order: consumer.ByKey}
+		db := pgtest.Schema(t)
+		if _, err := db.Pool.Exec(t.Context(), effectsTable); err != nil {
+			t.Fatal(err)
+		}
+		var all []string
+		for run := range runs {
+			e := &env{t: t, mode: mode, kafka: kafkatest.Start(t, 1, topic, dlqTopic), db: db, partitions: 1, log: testlog.New(t)}
+			key := "run-" + strconv.Itoa(run)
+			all = append(all, key)
+			e.produce(key)
+			if !e.startChild(dieBeforeOffsetCommit, "").killed(t) {
+				t.Fatalf("run %d: the worker was not killed", run)
+			}
+			if dead := e.deadLetters(); len(dead) != 0 {
+				t.Fatalf("run %d dead-lettered its message: %s", run, header(dead[0], "dlq-reason"))
+			}
+			checkOnce(t, e, all)
+		}
+	})
 }
