@@ -336,13 +336,16 @@ func (p *partition) commit() {
 		return
 	}
 	offset := p.window[p.finished-1].msg.Offset + 1
-	clear(p.window[:p.finished])
-	p.window = p.window[p.finished:]
-	for range p.finished {
-		<-p.room
-	}
+	n := p.finished
+	clear(p.window[:n])
+	p.window = p.window[n:]
 	p.finished = 0
 	p.lastCommit = time.Now()
+	defer func() {
+		for range n {
+			<-p.room // the fetcher may fetch as many more
+		}
+	}()
 	if hook := beforeOffsetCommit; hook != nil {
 		hook(p.topic, p.id, offset)
 	}
