@@ -22,7 +22,7 @@ var beforeOffsetCommit func(topic string, partition int, offset int64)
 
 // commitInterval is the least time between two offset commits of a busy partition: messages
 // finishing one by one at hundreds a second share a commit instead of costing one each. A partition
-// with nothing left in flight, or with no room to fetch, commits at once.
+// whose fetched messages are all finished commits at once.
 const commitInterval = 50 * time.Millisecond
 
 // partition consumes one partition for the generation that assigned it. One goroutine (run) owns
@@ -317,7 +317,7 @@ func (p *partition) commitDue(draining bool) (bool, time.Duration) {
 	if p.finished == 0 {
 		return false, 0
 	}
-	if draining || p.finished == len(p.window) || len(p.window) >= p.c.config.MaxInFlight {
+	if draining || p.finished == len(p.window) {
 		return true, 0
 	}
 	since := time.Since(p.lastCommit)
