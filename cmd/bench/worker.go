@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/payment"
 )
@@ -46,6 +47,7 @@ func runWorker(transactions consumer.Transactions) mode {
 			BatchSize:    e.cfg.BatchSize,
 			BatchWait:    e.cfg.BatchWait,
 			Store:        store,
+			DeadLetters:  deadletter.NewStore(e.pool),
 			Metrics:      metrics,
 			Logger:       log,
 			Observer:     progress,

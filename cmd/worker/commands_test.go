@@ -58,6 +58,7 @@ func TestDev(t *testing.T) {
 		"DEV_KAFKA_ADDR=127.0.0.1:0",
 		"HTTP_ADDR=127.0.0.1:0",
 		"DATABASE_URL=" + db.URL,
+		"LOG_FORMAT=json", // for the test to read; text by default (TestDevLogsText)
 	}, "dev")
 	broker, _ := p.waitLog("embedded Kafka broker listening")["addr"].(string)
 	base := p.httpAddr()
@@ -67,7 +68,7 @@ func TestDev(t *testing.T) {
 		}
 		return ""
 	})
-	// The embedded broker keeps messages no longer than the inbox remembers keys.
+	// The inbox remembers keys as long as the embedded broker's topics can redeliver them.
 	if w := p.findLog(retentionWarning, "topic", topicSMS); w != nil {
 		t.Errorf("worker dev warns about its own topics' retention: %v", w)
 	}
@@ -89,5 +90,24 @@ func TestDev(t *testing.T) {
 	p.signal(syscall.SIGINT)
 	if code := p.wait(); code != 0 {
 		t.Errorf("exit code %d after SIGINT, want 0", code)
+	}
+}
+
+// TestDevLogsText checks that `worker dev` logs as text, for the person watching it, unless
+// LOG_FORMAT says otherwise.
+func TestDevLogsText(t *testing.T) {
+	t.Parallel()
+	p := startWorker(t, []string{
+		"DEV_KAFKA_ADDR=127.0.0.1:0",
+		"HTTP_ADDR=127.0.0.1:0",
+		"DATABASE_URL=" + pgtest.Schema(t).URL,
+	}, "dev")
+	p.waitLine(`level=INFO msg="embedded Kafka broker listening" addr=127.0.0.1:`)
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(); code != 0 {
+		t.Errorf("exit code %d after SIGTERM, want 0", code)
+	}
+	if _, lines := p.output(); len(lines) == 0 || strings.HasPrefix(lines[0], "{") {
+		t.Errorf("worker dev logs JSON by default: %q", lines)
 	}
 }

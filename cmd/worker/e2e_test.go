@@ -20,6 +20,7 @@ import (
 	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/notify/notifytest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
@@ -140,6 +141,9 @@ func testEndToEnd(t *testing.T, env *environment) {
 		"RETRY_MAX_ELAPSED=2s",
 		"SHUTDOWN_TIMEOUT=10s",
 		"STARTUP_TIMEOUT=" + env.startupTimeout,
+		// Set shorter than the topics' retention on purpose: the worker must warn.
+		"INBOX_RETENTION_PAYMENTS=72h",
+		"INBOX_RETENTION_SMS=24h",
 	}, "run")
 	base := p.httpAddr()
 
@@ -152,7 +156,7 @@ func testEndToEnd(t *testing.T, env *environment) {
 		}
 		return ""
 	})
-	// Both brokers keep messages 7 days by default, longer than the inbox keys' 72h and 24h.
+	// Both brokers keep messages 7 days by default, longer than the inbox keys' explicit 72h and 24h.
 	for _, setting := range []string{"INBOX_RETENTION_PAYMENTS", "INBOX_RETENTION_SMS"} {
 		if w := p.findLog(retentionWarning, "setting", setting); w == nil || w["topic_retention"] != "168h0m0s" {
 			t.Errorf("no warning that %s is shorter than the topic's 7 days: %v", setting, w)
@@ -420,9 +424,9 @@ func deadLetters(t *testing.T, brokers, topic string) []deadLetter {
 				var d deadLetter
 				for _, h := range r.Headers {
 					switch h.Key {
-					case "dlq-reason":
+					case deadletter.HeaderReason:
 						d.reason = string(h.Value)
-					case "dlq-original-topic":
+					case deadletter.HeaderOriginalTopic:
 						d.originalTopic = string(h.Value)
 					}
 				}

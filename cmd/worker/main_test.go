@@ -148,6 +148,34 @@ func (p *process) waitLog(msg string) map[string]any {
 	}
 }
 
+// waitLine waits for a stderr line that contains s. It fails the test if the process exits first.
+func (p *process) waitLine(s string) {
+	p.t.Helper()
+	deadline := time.After(waitTimeout)
+	for seen := 0; ; {
+		p.mu.Lock()
+		lines, changed := p.lines, p.changed
+		p.mu.Unlock()
+		for ; seen < len(lines); seen++ {
+			if strings.Contains(lines[seen], s) {
+				return
+			}
+		}
+		select {
+		case <-changed:
+		case <-p.exited:
+			p.mu.Lock()
+			n := len(p.lines)
+			p.mu.Unlock()
+			if n == seen {
+				p.t.Fatalf("the worker exited without logging a line with %q", s)
+			}
+		case <-deadline:
+			p.t.Fatalf("the worker did not log a line with %q", s)
+		}
+	}
+}
+
 // findLog returns the first log entry logged so far whose msg is msg and whose attribute key is
 // value, or nil.
 func (p *process) findLog(msg, key, value string) map[string]any {

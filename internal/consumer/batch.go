@@ -58,9 +58,9 @@ func (p *partition) applyBatch(ctx context.Context, batch []*entry) int {
 	return done
 }
 
-// progress is how far a step took a batch's messages: how many finished, in offset order, and
+// batchProgress is how far a step took a batch's messages: how many finished, in offset order, and
 // whether it abandoned the others because the work was cancelled or the consumer is stopping.
-type progress struct {
+type batchProgress struct {
 	finished  int
 	abandoned bool
 }
@@ -76,14 +76,14 @@ type transaction struct {
 
 // applyRun takes msgs, whose keys are valid, through one transaction, or takes the messages up to
 // the first one that failed in it to a finished state (see applyBatch).
-func (p *partition) applyRun(ctx context.Context, msgs []*entry, runs []int) progress {
+func (p *partition) applyRun(ctx context.Context, msgs []*entry, runs []int) batchProgress {
 	began := time.Now()
 	tx := p.transact(ctx, msgs, runs)
 	if tx.err == nil {
 		return p.settleRun(ctx, msgs, tx.outcomes, began)
 	}
 	if ctx.Err() != nil {
-		return progress{abandoned: true}
+		return batchProgress{abandoned: true}
 	}
 
 	var failed *inbox.BatchError
@@ -99,7 +99,7 @@ func (p *partition) applyRun(ctx context.Context, msgs []*entry, runs []int) pro
 	p.log.DebugContext(ctx, "a message failed in a batch; applying the others without it",
 		"offset", msgs[t].msg.Offset, "key", msgs[t].key, "error", failed.Err)
 	if t > 0 {
-		var got progress
+		var got batchProgress
 		switch again := p.transact(ctx, msgs[:t], runs[:t]); {
 		case again.err == nil:
 			got = p.settleRun(ctx, msgs[:t], again.outcomes, began)
@@ -111,7 +111,7 @@ func (p *partition) applyRun(ctx context.Context, msgs []*entry, runs []int) pro
 			got = p.applyEach(ctx, msgs[:t], runs[:t], began)
 		}
 		if got.abandoned || p.isStopping() {
-			return progress{finished: got.finished, abandoned: true}
+			return batchProgress{finished: got.finished, abandoned: true}
 		}
 	}
 	// A retryable failure goes on from that failed attempt, with a backoff and a retry alone. A
@@ -122,19 +122,19 @@ func (p *partition) applyRun(ctx context.Context, msgs []*entry, runs []int) pro
 		prior.err = failed.Err
 	}
 	if p.applyMessage(ctx, msgs[t], prior) != nil {
-		return progress{finished: t, abandoned: true}
+		return batchProgress{finished: t, abandoned: true}
 	}
-	return progress{finished: t + 1}
+	return batchProgress{finished: t + 1}
 }
 
 // applyEach takes msgs, which ran in batches that failed, through the per-message path.
-func (p *partition) applyEach(ctx context.Context, msgs []*entry, runs []int, began time.Time) progress {
+func (p *partition) applyEach(ctx context.Context, msgs []*entry, runs []int, began time.Time) batchProgress {
 	for i, e := range msgs {
 		if p.isStopping() || p.applyMessage(ctx, e, tried{runs: runs[i], began: began}) != nil {
-			return progress{finished: i, abandoned: true}
+			return batchProgress{finished: i, abandoned: true}
 		}
 	}
-	return progress{finished: len(msgs)}
+	return batchProgress{finished: len(msgs)}
 }
 
 // transact claims msgs and runs the handler on the claimed ones in one inbox transaction, under a
@@ -180,14 +180,14 @@ func (p *partition) transact(ctx context.Context, msgs []*entry, runs []int) (tx
 // was reused and records the metrics. A dead letter it could not write before the work was
 // cancelled or the consumer began to stop abandons the rest: they were applied, and are found
 // duplicates when delivered again.
-func (p *partition) settleRun(ctx context.Context, msgs []*entry, outcomes []inbox.Outcome, began time.Time) progress {
+func (p *partition) settleRun(ctx context.Context, msgs []*entry, outcomes []inbox.Outcome, began time.Time) batchProgress {
 	counts := make(map[inbox.Outcome]int, 3)
 	for i, e := range msgs {
 		outcome := string(outcomes[i])
 		if outcomes[i] == inbox.KeyReused {
 			log := p.log.With("offset", e.msg.Offset, "key", e.key)
 			if p.deadLetter(ctx, e.msg, *keyReused(e.key, 1), log) != nil {
-				return progress{finished: i, abandoned: true}
+				return batchProgress{finished: i, abandoned: true}
 			}
 			outcome = outcomeDeadLettered
 		}
@@ -197,7 +197,7 @@ func (p *partition) settleRun(ctx context.Context, msgs []*entry, outcomes []inb
 	p.log.DebugContext(ctx, "applied a batch in one transaction",
 		"first_offset", msgs[0].msg.Offset, "last_offset", msgs[len(msgs)-1].msg.Offset, "took", time.Since(began),
 		"applied", counts[inbox.Applied], "duplicate", counts[inbox.Duplicate], "key_reused", counts[inbox.KeyReused])
-	return progress{finished: len(msgs)}
+	return batchProgress{finished: len(msgs)}
 }
 
 func isUnavailable(err error) bool {

@@ -74,7 +74,7 @@ func runChild() {
 	if os.Getenv(childOrdering) != "" {
 		mode.order = consumer.ByPartition
 	}
-	c, err := consumer.New(testConfig(os.Getenv(childBroker), store, h, mode, log))
+	c, err := consumer.New(testConfig(os.Getenv(childBroker), pool, store, h, mode, log))
 	if err == nil {
 		err = c.Run(ctx)
 	}

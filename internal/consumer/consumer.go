@@ -37,6 +37,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -186,10 +187,14 @@ type Config struct {
 	// ShutdownTimeout is how long Run lets in-flight messages finish once its context is cancelled;
 	// then their work is cancelled and rolled back. Defaults to 30s.
 	ShutdownTimeout time.Duration
-	// LagInterval is how often the consumer_lag metric is refreshed. Defaults to 5s.
+	// LagInterval is how often the consumer_lag and consumer_stalled_seconds metrics of every
+	// partition of the routes' topics are refreshed. Defaults to 5s.
 	LagInterval time.Duration
 	// Store is the inbox, over the migrated database. Required.
 	Store *inbox.Store
+	// DeadLetters keeps the dead letters their topic refuses for good, in the migrated database.
+	// Required.
+	DeadLetters *deadletter.Store
 	// Metrics records outcomes; nil records nothing.
 	Metrics *Metrics
 	// Logger defaults to slog.Default().
@@ -228,6 +233,9 @@ type Consumer struct {
 	dlq       *kafka.Writer
 	lag       *lagReporter
 	limits    map[string]*routeLimit // by topic
+
+	// deadLetters keeps the dead letters their topic refused for good.
+	deadLetters *deadletter.Store
 
 	started atomic.Bool
 	ready   atomic.Bool
@@ -276,7 +284,9 @@ func New(config Config) (*Consumer, error) {
 		c.limits[r.Topic] = newRouteLimit(r.Concurrency)
 	}
 	c.dlq = c.newDeadLetterWriter()
+	c.deadLetters = config.DeadLetters
 	c.lag = newLagReporter(c)
+	c.metrics.initSeries(c.topics())
 	return c, nil
 }
 
@@ -347,6 +357,9 @@ func (config *Config) validate() error {
 	}
 	if config.Store == nil {
 		return errors.New("Config.Store is required")
+	}
+	if config.DeadLetters == nil {
+		return errors.New("Config.DeadLetters is required")
 	}
 	return nil
 }

@@ -8,13 +8,12 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/testlog"
@@ -195,7 +194,7 @@ func TestRetryAfter(t *testing.T) {
 			t.Errorf("effects = %v, want throttled and after once, tomorrow never", effects)
 		}
 		dead := e.deadLetters()
-		if len(dead) != 1 || header(dead[0], "dlq-reason") != string(fault.RetriesExhausted) {
+		if len(dead) != 1 || header(dead[0], deadletter.HeaderReason) != string(fault.RetriesExhausted) {
 			t.Fatalf("dead letters %v, want the message asking for a day, as retries_exhausted", dead)
 		}
 	})
@@ -213,25 +212,25 @@ func checkDeadLetter(t *testing.T, got, original kafka.Message, reason fault.Rea
 		}
 	}
 	want := map[string]string{
-		"dlq-reason":             string(reason),
-		"dlq-original-topic":     topic,
-		"dlq-original-partition": "0",
-		"dlq-original-offset":    "0",
+		deadletter.HeaderReason:            string(reason),
+		deadletter.HeaderOriginalTopic:     topic,
+		deadletter.HeaderOriginalPartition: "0",
+		deadletter.HeaderOriginalOffset:    "0",
 	}
 	for k, v := range want {
 		if header(got, k) != v {
 			t.Errorf("header %s = %q, want %q", k, header(got, k), v)
 		}
 	}
-	if !strings.Contains(header(got, "dlq-error"), errText) {
-		t.Errorf("header dlq-error = %q, want it to contain %q", header(got, "dlq-error"), errText)
+	if !strings.Contains(header(got, deadletter.HeaderError), errText) {
+		t.Errorf("header dlq-error = %q, want it to contain %q", header(got, deadletter.HeaderError), errText)
 	}
-	if n, err := strconv.Atoi(header(got, "dlq-attempts")); err != nil || n < 1 {
-		t.Errorf("header dlq-attempts = %q, want a positive count", header(got, "dlq-attempts"))
+	if n, err := strconv.Atoi(header(got, deadletter.HeaderAttempts)); err != nil || n < 1 {
+		t.Errorf("header dlq-attempts = %q, want a positive count", header(got, deadletter.HeaderAttempts))
 	}
-	at, err := time.Parse(time.RFC3339, header(got, "dlq-failed-at"))
+	at, err := time.Parse(time.RFC3339, header(got, deadletter.HeaderFailedAt))
 	if err != nil || time.Since(at) > time.Hour || time.Since(at) < -time.Minute {
-		t.Errorf("header dlq-failed-at = %q (%v), want the RFC 3339 time of the failure", header(got, "dlq-failed-at"), err)
+		t.Errorf("header dlq-failed-at = %q (%v), want the RFC 3339 time of the failure", header(got, deadletter.HeaderFailedAt), err)
 	}
 }
 
@@ -263,7 +262,7 @@ func testBadKeys(t *testing.T, mode testMode) {
 
 	var got []fault.Reason
 	for _, m := range e.deadLetters() {
-		got = append(got, fault.Reason(header(m, "dlq-reason")))
+		got = append(got, fault.Reason(header(m, deadletter.HeaderReason)))
 	}
 	var want []fault.Reason
 	for _, r := range wantReasons {
@@ -338,7 +337,7 @@ func TestNewValidates(t *testing.T) {
 	t.Parallel()
 	log := testlog.New(t)
 	valid := func() consumer.Config {
-		c := testConfig("127.0.0.1:1", nil, &recorder{}, testMode{tx: consumer.PerBatch}, log)
+		c := testConfig("127.0.0.1:1", lazyPool(t), nil, &recorder{}, testMode{tx: consumer.PerBatch}, log)
 		c.Store = &inbox.Store{}
 		return c
 	}
@@ -365,6 +364,7 @@ func TestNewValidates(t *testing.T) {
 		{"NegativeInFlight", func(c *consumer.Config) { c.MaxInFlight = -1 }, "Config.MaxInFlight"},
 		{"NegativeConcurrency", func(c *consumer.Config) { c.Routes[0].Concurrency = -1 }, "Config.Routes[0].Concurrency"},
 		{"NoStore", func(c *consumer.Config) { c.Store = nil }, "Config.Store"},
+		{"NoDeadLetters", func(c *consumer.Config) { c.DeadLetters = nil }, "Config.DeadLetters"},
 	}
 	if _, err := consumer.New(valid()); err != nil {
 		t.Fatalf("New(valid config) = %v", err)
@@ -379,75 +379,4 @@ func TestNewValidates(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestIdempotencyKey(t *testing.T) {
-	t.Parallel()
-	for _, tt := range keyTests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			key, reason, err := consumer.IdempotencyKey(tt.msg)
-			if key != tt.wantKey || reason != tt.wantReason || (err != nil) != (tt.wantReason != "") {
-				t.Errorf("IdempotencyKey() = %q, %q, %v; want %q, %q", key, reason, err, tt.wantKey, tt.wantReason)
-			}
-		})
-	}
-}
-
-var keyTests = []struct {
-	name       string
-	msg        kafka.Message
-	wantKey    string
-	wantReason fault.Reason
-}{
-	{"Header", msgWith(`{"event_id":"e"}`, "Idempotency-Key", "h"), "h", ""},
-	{"HeaderAnyCase", msgWith(`{}`, "idempotency-key", "h"), "h", ""},
-	{"FallbackHeader", msgWith(`{"event_id":"e"}`, "X-Idempotent-Key", "x"), "x", ""},
-	{"HeaderFirst", kafka.Message{Value: []byte(`{}`), Headers: []kafka.Header{
-		{Key: "X-Idempotent-Key", Value: []byte("x")}, {Key: "Idempotency-Key", Value: []byte("h")}}}, "h", ""},
-	{"EventID", msgWith(`{"event_id":"e-1"}`, "", ""), "e-1", ""},
-	{"Unicode", msgWith(`{"event_id":"订单-1"}`, "", ""), "订单-1", ""},
-	{"Longest", msgWith(`{}`, "Idempotency-Key", strings.Repeat("é", 255)), strings.Repeat("é", 255), ""},
-	{"None", msgWith(`{"id":"e"}`, "", ""), "", fault.MissingIdempotencyKey},
-	{"NullEventID", msgWith(`{"event_id":null}`, "", ""), "", fault.MissingIdempotencyKey},
-	{"NotJSON", msgWith(`event_id=e`, "", ""), "", fault.MissingIdempotencyKey},
-	{"EmptyValue", msgWith(``, "", ""), "", fault.MissingIdempotencyKey},
-	{"NumberEventID", msgWith(`{"event_id":42}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"EmptyEventID", msgWith(`{"event_id":""}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"EmptyHeader", msgWith(`{"event_id":"e"}`, "Idempotency-Key", ""), "", fault.InvalidIdempotencyKey},
-	{"TooLong", msgWith(`{}`, "Idempotency-Key", strings.Repeat("k", 256)), "", fault.InvalidIdempotencyKey},
-	{"ControlChar", msgWith(`{}`, "Idempotency-Key", "a\nb"), "", fault.InvalidIdempotencyKey},
-	{"C1Control", msgWith(`{}`, "Idempotency-Key", "a\u0085b"), "", fault.InvalidIdempotencyKey},
-	{"BadUTF8", msgWith(`{}`, "Idempotency-Key", "a\xffb"), "", fault.InvalidIdempotencyKey},
-}
-
-func msgWith(value, headerKey, headerValue string) kafka.Message {
-	m := kafka.Message{Value: []byte(value)}
-	if headerKey != "" {
-		m.Headers = []kafka.Header{{Key: headerKey, Value: []byte(headerValue)}}
-	}
-	return m
-}
-
-func FuzzIdempotencyKey(f *testing.F) {
-	for _, tt := range keyTests {
-		var h string
-		if len(tt.msg.Headers) > 0 {
-			h = string(tt.msg.Headers[0].Value)
-		}
-		f.Add(string(tt.msg.Value), h)
-	}
-	f.Fuzz(func(t *testing.T, value, headerValue string) {
-		for _, m := range []kafka.Message{msgWith(value, "", ""), msgWith(value, "Idempotency-Key", headerValue)} {
-			key, reason, err := consumer.IdempotencyKey(m)
-			switch {
-			case err != nil && (key != "" || reason == ""):
-				t.Fatalf("failed with key %q and reason %q", key, reason)
-			case err == nil && (reason != "" || key == "" || len([]rune(key)) > 255):
-				t.Fatalf("accepted key %q with reason %q", key, reason)
-			case err == nil && (!utf8.ValidString(key) || strings.ContainsFunc(key, unicode.IsControl)):
-				t.Fatalf("accepted key %q: not printable", key)
-			}
-		}
-	})
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
@@ -118,14 +119,14 @@ func testCrashLoop(t *testing.T, mode testMode) {
 	if len(dead) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(dead))
 	}
-	if got := header(dead[0], "dlq-reason"); got != string(fault.CrashLoop) {
+	if got := header(dead[0], deadletter.HeaderReason); got != string(fault.CrashLoop) {
 		t.Errorf("dlq-reason = %q, want %q", got, fault.CrashLoop)
 	}
-	if got := header(dead[0], "dlq-original-offset"); got != "1" {
+	if got := header(dead[0], deadletter.HeaderOriginalOffset); got != "1" {
 		t.Errorf("dlq-original-offset = %q, want 1", got)
 	}
-	if got := header(dead[0], "dlq-attempts"); got != strconv.Itoa(crashLoopStarts) {
-		t.Errorf("dlq-attempts = %q, want %d", got, consumer.CrashLoopStarts)
+	if got := header(dead[0], deadletter.HeaderAttempts); got != strconv.Itoa(crashLoopStarts) {
+		t.Errorf("dlq-attempts = %q, want %d", got, crashLoopStarts)
 	}
 	if got := e.committed(); got != int64(len(all)) {
 		t.Errorf("committed %d offsets, want %d", got, len(all))

@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
@@ -79,7 +80,7 @@ func testShutdownTimeoutCancels(t *testing.T, mode testMode) {
 			e.effects(), e.inboxKeys(), e.committed())
 	}
 	if dead := e.deadLetters(); len(dead) != 0 {
-		t.Errorf("the cancelled message was dead-lettered: %v", header(dead[0], "dlq-reason"))
+		t.Errorf("the cancelled message was dead-lettered: %v", header(dead[0], deadletter.HeaderReason))
 	}
 }
 
@@ -128,7 +129,7 @@ func testDeadLetterTopicUnavailable(t *testing.T, mode testMode) {
 
 	createTopic(t, e.kafka.Addr, dlqTopic)
 	e.waitFor("both offsets committed", func() bool { return e.committed() == 2 })
-	if dead := e.deadLetters(); len(dead) != 1 || header(dead[0], "dlq-reason") != string(fault.InvalidPayload) {
+	if dead := e.deadLetters(); len(dead) != 1 || header(dead[0], deadletter.HeaderReason) != string(fault.InvalidPayload) {
 		t.Errorf("dead letters = %v, want the bad message", dead)
 	}
 	checkOnce(t, e, []string{"next"})

@@ -18,6 +18,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
@@ -156,10 +157,10 @@ func (e *env) config(h consumer.Handler) consumer.Config {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return testConfig(e.kafka.Addr, store, h, e.mode, e.log)
+	return testConfig(e.kafka.Addr, e.db.Pool, store, h, e.mode, e.log)
 }
 
-func testConfig(broker string, store *inbox.Store, h consumer.Handler,
+func testConfig(broker string, pool *pgxpool.Pool, store *inbox.Store, h consumer.Handler,
 	mode testMode, log *slog.Logger) consumer.Config {
 	return consumer.Config{
 		Brokers:        []string{broker},
@@ -176,6 +177,7 @@ func testConfig(broker string, store *inbox.Store, h consumer.Handler,
 		ShutdownTimeout: 5 * time.Second,
 		LagInterval:     50 * time.Millisecond,
 		Store:           store,
+		DeadLetters:     deadletter.NewStore(pool),
 		Metrics:         consumer.NewMetrics(prometheus.NewRegistry()),
 		Logger:          log,
 	}
@@ -345,4 +347,14 @@ func header(m kafka.Message, key string) string {
 
 func outcomes(config consumer.Config, outcome string) float64 {
 	return testutil.ToFloat64(config.Metrics.Messages.WithLabelValues(topic, outcome))
+}
+
+// lazyPool is a pool that never connects, for tests that need one only to exist.
+func lazyPool(t testing.TB) *pgxpool.Pool {
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
