@@ -48,8 +48,13 @@ func testCrashAfterDatabaseCommit(t *testing.T, mode testMode) {
 	e.start(config)
 	e.waitFor("all offsets committed", func() bool { return e.committed() == int64(len(all)) })
 	checkOnce(t, e, all)
-	if got := outcomes(config, "duplicate"); got != float64(appliedBefore) {
-		t.Errorf("duplicates = %v, want the %d messages the killed worker applied", got, appliedBefore)
+	// By key, the killed worker's transactions run concurrently: one whose commit reached Postgres
+	// as the worker died may show only after the count above. Each message is applied once either
+	// way (checkOnce); the new worker found at least those seen applied, and applied the rest.
+	dup, applied := outcomes(config, "duplicate"), outcomes(config, "applied")
+	if dup < float64(appliedBefore) || dup+applied != float64(len(all)) {
+		t.Errorf("duplicates %v, applied %v: want at least the %d messages the killed worker applied as duplicates, and %d in all",
+			dup, applied, appliedBefore, len(all))
 	}
 }
 

@@ -57,6 +57,7 @@ type partition struct {
 	window     []*entry        // fetched, not yet committed, in offset order
 	finished   int             // how many of window's first messages are finished
 	busy       map[string]bool // ordering keys with a dispatch in flight
+	unstarted  int             // messages of window not started
 	running    int             // dispatches in flight
 	held       int             // route slots taken and not yet given to a dispatch
 	wantsSlot  bool            // a message could start if a slot were free
@@ -278,6 +279,7 @@ func (p *partition) add(ctx context.Context, m kafka.Message) {
 		p.committed = m.Offset // the partition starts here: what came before is not this run's
 	}
 	p.window = append(p.window, e)
+	p.unstarted++
 	p.guard.fetched(ctx, e)
 }
 

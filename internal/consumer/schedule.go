@@ -24,6 +24,13 @@ func (p *partition) schedule(work, idle context.Context) time.Duration {
 	if d := p.limit.pausedFor(); d > 0 {
 		return d
 	}
+	if p.unstarted == 0 {
+		return 0
+	}
+	if p.held == 0 && len(p.limit.slots) == cap(p.limit.slots) {
+		p.wantsSlot = true // no slot to start anything with: no need to look for what could start
+		return 0
+	}
 	var ds []*dispatch
 	var wait time.Duration
 	if p.batcher != nil {
@@ -59,8 +66,7 @@ func (p *partition) pickMessages() []*dispatch {
 			p.wantsSlot = true
 			break
 		}
-		e.started = true
-		p.busy[e.order] = true
+		p.start(e)
 		ds = append(ds, &dispatch{entries: []*entry{e}})
 	}
 	return ds
@@ -72,6 +78,9 @@ func (p *partition) pickBatches() ([]*dispatch, time.Duration) {
 	var ds []*dispatch
 	barrier := p.guard.barrier()
 	for {
+		if wait := p.batchWait(); wait > 0 {
+			return ds, wait // before looking through the window for each message fetched meanwhile
+		}
 		var batch []*entry
 		for _, e := range p.window[p.finished:] {
 			if e.msg.Offset >= barrier || len(batch) == p.c.config.BatchSize {
@@ -94,8 +103,7 @@ func (p *partition) pickBatches() ([]*dispatch, time.Duration) {
 			return ds, 0
 		}
 		for _, e := range batch {
-			e.started = true
-			p.busy[e.order] = true
+			p.start(e)
 		}
 		ds = append(ds, &dispatch{entries: batch, batch: true})
 	}
@@ -120,8 +128,7 @@ func (p *partition) scheduleAlone(work context.Context) time.Duration {
 		p.limit.release()
 		return 0
 	}
-	e.started = true
-	p.busy[e.order] = true
+	p.start(e)
 	p.launch(work, &dispatch{entries: []*entry{e}, batch: p.batcher != nil, starts: starts})
 	return 0
 }
@@ -141,10 +148,33 @@ func (p *partition) unpick(ds []*dispatch) {
 	for _, d := range ds {
 		for _, e := range d.entries {
 			e.started = false
+			p.unstarted++
 			delete(p.busy, e.order)
 		}
 		p.limit.release()
 	}
+}
+
+// start marks e started and its key busy.
+func (p *partition) start(e *entry) {
+	e.started = true
+	p.unstarted--
+	p.busy[e.order] = true
+}
+
+// batchWait says how long the next batch is to wait for more messages: while fewer than BatchSize
+// are unstarted, there is room to fetch more, and the first unstarted one was fetched less than
+// BatchWait ago.
+func (p *partition) batchWait() time.Duration {
+	if p.unstarted >= p.c.config.BatchSize || len(p.window) >= p.c.config.MaxInFlight {
+		return 0
+	}
+	for _, e := range p.window[p.finished:] {
+		if !e.started {
+			return p.c.config.BatchWait - time.Since(e.fetched)
+		}
+	}
+	return 0
 }
 
 // takeSlot takes a slot of the route: one the loop took already, else a free one.
