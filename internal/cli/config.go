@@ -43,6 +43,11 @@ type Config struct {
 	BatchSize int
 	BatchWait time.Duration
 
+	Ordering            string // key or partition
+	MaxInFlight         int
+	PaymentsConcurrency int
+	SMSConcurrency      int
+
 	// LagInterval is how often the consumer_lag metric is refreshed. Defaults to 5s.
 	LagInterval time.Duration
 
@@ -144,6 +149,25 @@ var settings = []*setting{
 	{Env: "LAG_INTERVAL", Flag: "lag-interval", Default: "5s", Meta: "DURATION", Use: useWorker,
 		Usage: "how often the consumer_lag metric is refreshed",
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.LagInterval, v) }},
+	{Env: "ORDERING", Flag: "ordering", Default: "key", Meta: "MODE", Use: useWorker,
+		Usage: "which messages of a partition run one after another: those of one Kafka key (key), or all (partition)",
+		Set: func(c *Config, v string) error {
+			switch v {
+			case "key", "partition":
+				c.Ordering = v
+				return nil
+			}
+			return fmt.Errorf("unknown ordering %q (use key or partition)", v)
+		}},
+	{Env: "MAX_IN_FLIGHT", Flag: "max-in-flight", Default: "256", Meta: "N", Use: useWorker,
+		Usage: "most messages of one partition fetched and not yet committed",
+		Set:   func(c *Config, v string) error { return envflag.Positive(&c.MaxInFlight, v) }},
+	{Env: "PAYMENTS_CONCURRENCY", Flag: "payments-concurrency", Default: "4", Meta: "N", Use: useWorker,
+		Usage: "most payment transactions (batches) at once, across partitions; each holds a database connection",
+		Set:   func(c *Config, v string) error { return envflag.Positive(&c.PaymentsConcurrency, v) }},
+	{Env: "SMS_CONCURRENCY", Flag: "sms-concurrency", Default: "128", Meta: "N", Use: useWorker,
+		Usage: "most SMS being sent at once, across partitions",
+		Set:   func(c *Config, v string) error { return envflag.Positive(&c.SMSConcurrency, v) }},
 	{Env: "HTTP_ADDR", Flag: "http-addr", Default: ":8080", Meta: "ADDR", Use: useWorker,
 		Usage: "address of /metrics, /healthz and /readyz",
 		Set:   func(c *Config, v string) error { return envflag.Addr(&c.HTTPAddr, v) }},

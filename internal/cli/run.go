@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/payment"
@@ -57,7 +58,9 @@ type route struct {
 	// retention is the setting's field: 0 when unset, until checkKafka settles it from the topic.
 	retention        *time.Duration
 	retentionSetting string
-	handler          func(cfg *Config, logger *slog.Logger) (any, error) // a consumer.Handler or CallHandler
+	// concurrency is the most of its transactions (or calls) at once, across partitions.
+	concurrency int
+	handler     func(cfg *Config, logger *slog.Logger) (any, error) // a consumer.Handler or CallHandler
 }
 
 // paymentsInbox is the inbox name of the payment callbacks, which the demo's summary reads.
@@ -68,11 +71,13 @@ func routes(cfg *Config) []route {
 	return []route{
 		{topic: cfg.TopicPayments, inbox: paymentsInbox,
 			retention: &cfg.InboxRetentionPayments, retentionSetting: "INBOX_RETENTION_PAYMENTS",
+			concurrency: cfg.PaymentsConcurrency,
 			handler: func(_ *Config, logger *slog.Logger) (any, error) {
 				return payment.NewHandler(payment.Config{Logger: logger})
 			}},
 		{topic: cfg.TopicSMS, inbox: "sms",
 			retention: &cfg.InboxRetentionSMS, retentionSetting: "INBOX_RETENTION_SMS",
+			concurrency: cfg.SMSConcurrency,
 			handler: func(cfg *Config, logger *slog.Logger) (any, error) {
 				sender, err := smsSender(cfg, logger)
 				if err != nil {
@@ -189,7 +194,8 @@ func (w *worker) wire(ctx context.Context) error {
 			return err
 		}
 		retention[r.inbox] = *r.retention
-		consumed = append(consumed, consumer.Route{Topic: r.topic, Name: r.inbox, Handler: h})
+		consumed = append(consumed, consumer.Route{Topic: r.topic, Name: r.inbox, Handler: h,
+			Concurrency: r.concurrency})
 	}
 	var err error
 	w.store, err = inbox.NewStore(w.pool, inbox.Config{Retention: retention, Logger: logger})
@@ -213,16 +219,26 @@ func (w *worker) wire(ctx context.Context) error {
 			MaxInterval:     cfg.RetryMaxInterval,
 			MaxElapsed:      cfg.RetryMaxElapsed,
 		},
+		Ordering:        ordering(cfg.Ordering),
+		MaxInFlight:     cfg.MaxInFlight,
 		BatchSize:       cfg.BatchSize,
 		BatchWait:       cfg.BatchWait,
 		LagInterval:     cfg.LagInterval,
 		ShutdownTimeout: drainTimeout(cfg.ShutdownTimeout),
-		Pool:            w.pool,
 		Store:           w.store,
+		DeadLetters:     deadletter.NewStore(w.pool),
 		Metrics:         w.metrics,
 		Logger:          logger,
 	})
 	return err
+}
+
+// ordering is ORDERING's value for the consumer.
+func ordering(v string) consumer.Ordering {
+	if v == "partition" {
+		return consumer.ByPartition
+	}
+	return consumer.ByKey
 }
 
 // postgres is where the commands find the database.

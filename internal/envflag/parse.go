@@ -56,6 +56,16 @@ func Limit(dst *int, v string) error {
 	return nil
 }
 
+// Positive accepts a count above zero.
+func Positive(dst *int, v string) error {
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return fmt.Errorf("must be a positive number, got %q", v)
+	}
+	*dst = n
+	return nil
+}
+
 // Bool accepts what strconv.ParseBool does.
 func Bool(dst *bool, v string) error {
 	b, err := strconv.ParseBool(v)
