@@ -52,7 +52,7 @@ type Config struct {
 	BatchWait time.Duration
 
 	// LagInterval is how often the consumer_lag metric is refreshed. Defaults to 5s.
-	LagInterval time.Duration
+	LagInterval         time.Duration
 	Ordering            string // key or partition
 	MaxInFlight         int
 	PaymentsConcurrency int
