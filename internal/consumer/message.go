@@ -129,7 +129,8 @@ func (p *partition) retry(ctx context.Context, e *entry, prior tried, log *slog.
 		batchErr = nil
 		switch {
 		case err == nil && outcome == inbox.KeyReused:
-			return verdict{failed: keyReused(e.key, attempt)}, nil
+			// The claim found the key reused: this attempt ran no handler.
+			return verdict{failed: keyReused(e.key, attempt-1)}, nil
 		case err == nil:
 			return verdict{outcome: outcome}, nil
 		case ctx.Err() != nil:
