@@ -11,7 +11,8 @@
 // cli holds no business logic and no protocol work: the order state machine, SMS sending, the
 // inbox and the Kafka runtime live in their own packages, and so do what the commands do beyond
 // wiring: waiting for the dependencies (startup), replaying dead letters (replay), the demo's
-// scenario (demo), reading settings (envflag) and masking secrets (redact).
+// scenario (demo), the embedded broker (devbroker), reading settings (envflag) and masking secrets
+// (redact).
 package cli
 
 import (

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/inboxworker/inboxworker/internal/demo"
+	"github.com/inboxworker/inboxworker/internal/devbroker"
 	"github.com/inboxworker/inboxworker/internal/startup"
 )
 
@@ -37,16 +38,16 @@ func runDemo(ctx context.Context, a *app, cfg *Config, _ []string) error {
 	if cfg.explicit("DEV_KAFKA_ADDR") {
 		addr = cfg.DevKafkaAddr
 	}
-	broker, err := startDevBroker(ctx, cfg, addr, logger)
+	broker, err := devbroker.Start(ctx, addr, topics(cfg), cfg.DLQSuffix, logger)
 	if err != nil {
 		return err
 	}
 	defer broker.Close()
 	// The address bound, for the worker and the startup line.
-	if err := cfg.override("KAFKA_BROKERS", broker.addr); err != nil {
+	if err := cfg.override("KAFKA_BROKERS", broker.Addr); err != nil {
 		return err
 	}
-	if err := cfg.override("DEV_KAFKA_ADDR", broker.addr); err != nil {
+	if err := cfg.override("DEV_KAFKA_ADDR", broker.Addr); err != nil {
 		return err
 	}
 	logStart(ctx, logger, "demo", cfg)
@@ -73,8 +74,8 @@ func runDemo(ctx context.Context, a *app, cfg *Config, _ []string) error {
 	stopped := make(chan error, 1)
 	go func() { stopped <- w.run(workerCtx) }()
 
-	fmt.Fprintf(a.stdout, "Demo: embedded Kafka broker on %s, Postgres schema %s (recreated).\n", broker.addr, demo.Schema)
-	scenario := demo.Config{Broker: broker.addr, Partitions: devPartitions, GroupID: cfg.KafkaGroupID,
+	fmt.Fprintf(a.stdout, "Demo: embedded Kafka broker on %s, Postgres schema %s (recreated).\n", broker.Addr, demo.Schema)
+	scenario := demo.Config{Broker: broker.Addr, Partitions: devbroker.Partitions, GroupID: cfg.KafkaGroupID,
 		TopicPayments: cfg.TopicPayments, TopicSMS: cfg.TopicSMS, DLQSuffix: cfg.DLQSuffix,
 		PaymentsInbox: paymentsInbox, Pool: pool, Metrics: w.registry, Out: a.stdout}
 	outcomes, err := demo.Play(ctx, scenario)

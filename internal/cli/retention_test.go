@@ -12,6 +12,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/internal/devbroker"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/startup"
 )
@@ -136,7 +137,7 @@ func TestSettleRetention(t *testing.T) {
 // createTopics creates topics, one partition each, with their configuration.
 func createTopics(t *testing.T, addr string, topics map[string]map[string]string) {
 	t.Helper()
-	client, closeClient := localClient(addr)
+	client, closeClient := devbroker.Client(addr)
 	defer closeClient()
 	req := &kafka.CreateTopicsRequest{}
 	for name, configs := range topics {
