@@ -146,6 +146,7 @@ var commands = []*command{
 			"KAFKA_TLS", "DLQ_SUFFIX", "STARTUP_TIMEOUT"}, logSettings, []string{"reason", "dry-run", "limit"}),
 		run: replayCommand,
 	},
+	parkedCommand,
 }
 
 // commandNames lists the commands, for errors.

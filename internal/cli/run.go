@@ -64,6 +64,7 @@ type worker struct {
 	consumer *consumer.Consumer
 	registry *prometheus.Registry
 	metrics  *consumer.Metrics
+	parked   *consumer.ParkMetrics
 	ops      *opsServer
 }
 
@@ -83,6 +84,7 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	w.metrics = consumer.NewMetrics(w.registry)
+	w.parked = consumer.NewParkMetrics(w.registry, cfg.TopicPayments, cfg.TopicSMS)
 	// The port is taken first, so that a port in use is reported before anything else is done.
 	// Requests wait in the listen queue until run serves them, when every part is built.
 	if opts.serveHTTP {
