@@ -473,7 +473,9 @@ func TestRetrierStopReleasesClaims(t *testing.T) {
 			<-ctx.Done()
 			return "", ctx.Err()
 		},
-		classify:   func(_ context.Context, err error) (fault.Kind, fault.Reason, time.Duration) { return fault.Classify(err) },
+		classify: func(_ context.Context, err error) (fault.Kind, fault.Reason, time.Duration) {
+			return fault.Classify(err)
+		},
 		deadLetter: func(context.Context, kafka.Message, fault.Reason, error, int) error { return nil },
 		poll:       10 * time.Millisecond, log: log,
 	})
