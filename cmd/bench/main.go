@@ -6,6 +6,9 @@
 //	batch    the worker with one transaction per batch of a partition's messages
 //	copy     the same inbox and payments rows written by COPY (the Postgres ceiling)
 //
+// and, each with a stream of its own (see parking.go), what a stuck message or a dependency's outage
+// costs: overtake, provider_outage and postgres_outage.
+//
 // Each mode gets the same stream (N callbacks, a share of them redeliveries), produced before the
 // clock starts, a fresh topic and a fresh database schema; the clock runs from the start of the
 // consumer to its last offset commit.
