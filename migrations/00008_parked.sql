@@ -21,6 +21,7 @@ CREATE TABLE inbox_parked (
     header_keys      bytea[]     NOT NULL DEFAULT '{}', -- the Kafka headers as received, in order
     header_values    bytea[]     NOT NULL DEFAULT '{}',
     attempts         integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0), -- runs of its handler
+    starts           integer     NOT NULL DEFAULT 0 CHECK (starts >= 0),   -- retries begun, not settled
     reason           text,                 -- the dead-letter reason once its retry budget runs out
     first_error      text,
     last_error       text,

@@ -195,8 +195,9 @@ func (r *retrier) run(ctx context.Context) {
 	}
 }
 
-// retryBatch is how many due messages a retrier takes at once.
-const retryBatch = 16
+// retryBatch is how many due messages a retrier takes at once: one, since it retries them one
+// after another and each one taken counts a start against it.
+const retryBatch = 1
 
 // mayTake says how many due messages may be taken now (one, the probe, while the route is paused
 // and a probe is due), or how long to wait before asking again.
@@ -247,6 +248,10 @@ func (r *retrier) sleep(ctx context.Context, d time.Duration) {
 func (r *retrier) retryOne(ctx context.Context, p inbox.Parked) (outage bool) {
 	log := r.log.With("topic", p.Topic, "partition", p.Partition, "offset", p.Offset, "key", p.IdempotencyKey,
 		"parked_id", p.ID)
+	if p.Starts > crashLoopStarts {
+		err := fmt.Errorf("the worker died %d times in a row while retrying this parked message", p.Starts-1)
+		return r.deadLetterAndRemove(ctx, p, fault.CrashLoop, err, p.Attempts, log)
+	}
 	permit, ok := r.allow()
 	if !ok {
 		// The route paused since p was taken: p waits, nothing charged.

@@ -521,3 +521,28 @@ func TestRetrierTwoOwners(t *testing.T) {
 		}
 	}
 }
+
+// A parked message whose retries killed its retrier crashLoopStarts times in a row is dead-lettered
+// as a crash loop without running again; its key's next message goes on.
+func TestRetrierCrashLoop(t *testing.T) {
+	t.Parallel()
+	e := setupRetrier(t)
+	e.park("A", 1)
+	e.park("A", 2)
+	if _, err := e.db.Pool.Exec(context.Background(),
+		`UPDATE inbox_parked SET starts = $1 WHERE "offset" = 1`, crashLoopStarts); err != nil {
+		t.Fatal(err)
+	}
+	e.start("o1", fastRetry, nil)
+	e.waitEmpty()
+	letters := e.deadLetters()
+	if len(letters) != 1 || letters[0].reason != fault.CrashLoop || letters[0].m.Offset != 1 {
+		t.Fatalf("dead letters %+v, want A@1's, crash_loop", letters)
+	}
+	if got := e.effects(); !slices.Equal(got, []string{"A@2"}) {
+		t.Errorf("effects %q, want A@2 only: A@1 is not run again", got)
+	}
+	if n := e.handler.calls.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want once (A@2)", n)
+	}
+}

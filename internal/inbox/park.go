@@ -57,6 +57,9 @@ type Parked struct {
 	Headers    []Header
 	// Attempts counts the runs of its handler so far.
 	Attempts int
+	// Starts counts the claims taken on it in a row (TakeDue) whose retry never settled: its
+	// retrier died in it each time. A message that kills its retrier is recognised by it.
+	Starts int
 	// Reason is the dead-letter reason once its retry budget runs out; empty until it has run.
 	Reason fault.Reason
 	// FirstError and LastError are the errors of its first and last failed runs.
@@ -127,7 +130,7 @@ func scanParked(row pgx.CollectableRow) (Parked, error) {
 		spentMicros          int64
 	)
 	err := row.Scan(&p.ID, &p.Handler, &p.Topic, &p.Partition, &p.Offset, &p.OrderingKey,
-		&p.IdempotencyKey, &p.MessageKey, &p.Value, &keys, &values, &p.Attempts, &reason,
+		&p.IdempotencyKey, &p.MessageKey, &p.Value, &keys, &values, &p.Attempts, &p.Starts, &reason,
 		&p.FirstError, &p.LastError, &firstFailed, &spentMicros, &p.NextAttemptAt, &p.ParkedAt,
 		&p.ClaimedBy, &claimed)
 	if err != nil {
@@ -213,7 +216,7 @@ func (s *Store) ParkedKeys(ctx context.Context, topic string, partition int32) (
 // taking at once take a message once.
 var takeDueSQL = `
 UPDATE inbox_parked p
-SET claimed_by = $3, claimed_until = now() + $4 * interval '1 microsecond'
+SET claimed_by = $3, claimed_until = now() + $4 * interval '1 microsecond', starts = p.starts + 1
 FROM (
 	SELECT id FROM inbox_parked
 	WHERE topic = $1 AND "partition" = $2
@@ -234,6 +237,10 @@ RETURNING ` + parkedColumnsOf("p")
 // returns them, the longest due first. Only the head of a key (its lowest offset) is ever due, so
 // at most one message per key is returned, and a key's next message is due only once its head has
 // left the park. A message claimed by another owner whose lease has not lapsed is not due.
+//
+// Each message taken counts a start, which its retry settles (Reschedule, Release, ReleaseAll, or
+// its leaving the park): Starts says how many retries in a row its owners began and never settled.
+// A caller that takes more than it begins at once counts starts against the others.
 func (s *Store) TakeDue(ctx context.Context, topic string, partition int32, owner string, lease time.Duration, limit int) ([]Parked, error) {
 	if owner == "" || lease <= 0 || limit <= 0 {
 		return nil, fmt.Errorf("inbox: TakeDue needs an owner, a positive lease and a positive limit")
@@ -358,7 +365,7 @@ func (s *Store) Reschedule(ctx context.Context, p Parked, f ParkedFailure) error
 			first_failed_at = coalesce(first_failed_at, now()),
 			budget_spent = budget_spent + $5 * interval '1 microsecond',
 			next_attempt_at = now() + $6 * interval '1 microsecond',
-			claimed_by = NULL, claimed_until = NULL
+			claimed_by = NULL, claimed_until = NULL, starts = 0
 		WHERE id = $1 AND claimed_by = $2`,
 		p.ID, p.ClaimedBy, nullText(string(f.Reason)), errText, f.Spent.Microseconds(), f.RetryIn.Microseconds())
 	if err != nil {
@@ -376,7 +383,7 @@ func (s *Store) Reschedule(ctx context.Context, p Parked, f ParkedFailure) error
 func (s *Store) Release(ctx context.Context, p Parked, retryIn time.Duration) error {
 	tag, err := s.pool.Exec(ctx, `
 		UPDATE inbox_parked SET next_attempt_at = now() + $3 * interval '1 microsecond',
-			claimed_by = NULL, claimed_until = NULL
+			claimed_by = NULL, claimed_until = NULL, starts = 0
 		WHERE id = $1 AND claimed_by = $2`,
 		p.ID, p.ClaimedBy, retryIn.Microseconds())
 	if err != nil {
@@ -389,11 +396,11 @@ func (s *Store) Release(ctx context.Context, p Parked, retryIn time.Duration) er
 }
 
 // ReleaseAll gives up every claim of owner, without changing when the messages are due: for an
-// owner that stops, so that the partition's next owner need not wait for the leases to lapse. It
-// returns how many claims it gave up.
+// owner that stops cleanly, so that the partition's next owner need not wait for the leases to
+// lapse. Their starts are settled: a clean stop is no death. It returns how many claims it gave up.
 func (s *Store) ReleaseAll(ctx context.Context, owner string) (int64, error) {
 	tag, err := s.pool.Exec(ctx,
-		`UPDATE inbox_parked SET claimed_by = NULL, claimed_until = NULL WHERE claimed_by = $1`, owner)
+		`UPDATE inbox_parked SET claimed_by = NULL, claimed_until = NULL, starts = 0 WHERE claimed_by = $1`, owner)
 	if err != nil {
 		return 0, Classify(fmt.Errorf("inbox: release parked messages: %w", err))
 	}
@@ -517,7 +524,7 @@ func (s *Store) Stats(ctx context.Context) ([]ParkStats, error) {
 // parkedColumnsOf is parkedColumns with each column qualified by alias.
 func parkedColumnsOf(alias string) string {
 	columns := []string{"id", "handler", "topic", `"partition"`, `"offset"`, "ordering_key",
-		"idempotency_key", "message_key", "value", "header_keys", "header_values", "attempts",
+		"idempotency_key", "message_key", "value", "header_keys", "header_values", "attempts", "starts",
 		"coalesce(%s.reason, '')", "coalesce(%s.first_error, '')", "coalesce(%s.last_error, '')",
 		"first_failed_at", "(extract(epoch FROM %s.budget_spent) * 1000000)::bigint",
 		"next_attempt_at", "parked_at", "coalesce(%s.claimed_by, '')", "claimed_until"}

@@ -194,7 +194,7 @@ func equalParked(a, b inbox.Parked) bool {
 		a.Offset == b.Offset && string(a.OrderingKey) == string(b.OrderingKey) &&
 		a.IdempotencyKey == b.IdempotencyKey && (a.MessageKey == nil) == (b.MessageKey == nil) &&
 		string(a.MessageKey) == string(b.MessageKey) && string(a.Value) == string(b.Value) && eqHeaders &&
-		a.Attempts == b.Attempts && a.Reason == b.Reason && a.FirstError == b.FirstError &&
+		a.Attempts == b.Attempts && a.Starts == b.Starts && a.Reason == b.Reason && a.FirstError == b.FirstError &&
 		a.LastError == b.LastError && eqTime(a.FirstFailedAt, b.FirstFailedAt) &&
 		a.BudgetSpent == b.BudgetSpent && eqTime(a.NextAttemptAt, b.NextAttemptAt) &&
 		eqTime(a.ParkedAt, b.ParkedAt) && a.ClaimedBy == b.ClaimedBy && eqTime(a.ClaimedUntil, b.ClaimedUntil) &&
@@ -712,5 +712,34 @@ func TestParkStats(t *testing.T) {
 	}
 	if st := stats[1]; st.Topic != "u" || st.Messages != 1 || st.OldestAge > time.Minute {
 		t.Errorf("Stats of u = %+v, want 1 message, parked just now", st)
+	}
+}
+
+// A retry begun and never settled counts a start: its retrier died in it. Settling resets the count.
+func TestParkStarts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t, inbox.Config{})
+	e.park(t, parked("A", 1))
+	for want := 1; want <= 3; want++ {
+		taken := e.take(t, fmt.Sprint("dead", want), 1)
+		if len(taken) != 1 || taken[0].Starts != want {
+			t.Fatalf("take %d: %+v, want A@1 with %d starts", want, taken, want)
+		}
+		e.lapse(t, "A@1") // its owner died
+	}
+	for name, settle := range map[string]func(inbox.Parked) error{
+		"Reschedule": func(p inbox.Parked) error { return e.store.Reschedule(ctx, p, inbox.ParkedFailure{Err: errors.New("x")}) },
+		"Release":    func(p inbox.Parked) error { return e.store.Release(ctx, p, 0) },
+		"ReleaseAll": func(p inbox.Parked) error { _, err := e.store.ReleaseAll(ctx, p.ClaimedBy); return err },
+	} {
+		e.exec(t, `UPDATE inbox_parked SET next_attempt_at = now()`)
+		p := e.take(t, "alive", 1)[0]
+		if err := settle(p); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if got, err := e.store.Get(ctx, p.ID); err != nil || got.Starts != 0 {
+			t.Errorf("after %s: %d starts, %v; want 0", name, got.Starts, err)
+		}
 	}
 }
