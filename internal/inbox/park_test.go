@@ -729,7 +729,9 @@ func TestParkStarts(t *testing.T) {
 		e.lapse(t, "A@1") // its owner died
 	}
 	for name, settle := range map[string]func(inbox.Parked) error{
-		"Reschedule": func(p inbox.Parked) error { return e.store.Reschedule(ctx, p, inbox.ParkedFailure{Err: errors.New("x")}) },
+		"Reschedule": func(p inbox.Parked) error {
+			return e.store.Reschedule(ctx, p, inbox.ParkedFailure{Err: errors.New("x")})
+		},
 		"Release":    func(p inbox.Parked) error { return e.store.Release(ctx, p, 0) },
 		"ReleaseAll": func(p inbox.Parked) error { _, err := e.store.ReleaseAll(ctx, p.ClaimedBy); return err },
 	} {
