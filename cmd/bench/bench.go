@@ -32,6 +32,10 @@ type config struct {
 	BatchSize int
 	BatchWait time.Duration
 	MaxConns  int32 // of the database pool
+	// The sms mode's stream and provider: one event to each of Phones phones, answered after
+	// ProviderLatency.
+	Phones          int
+	ProviderLatency time.Duration
 	// CPUProfile, when set, is where to write a CPU profile of each mode (with the mode as suffix).
 	CPUProfile string
 }
@@ -45,6 +49,8 @@ type result struct {
 	// it; empty where the mode has no messages to time (copy).
 	Latencies *reservoir
 	PeakRSS   int64 // bytes
+	// Note, when set, is a line of the mode's own to print under the table.
+	Note string
 }
 
 func (r result) rate() float64 { return float64(r.Messages) / r.Elapsed.Seconds() }
@@ -65,6 +71,7 @@ var modes = map[string]mode{
 	"message": runWorker(consumer.PerMessage),
 	"batch":   runWorker(consumer.PerBatch),
 	"copy":    runCopy,
+	"sms":     runSMS,
 }
 
 func run(ctx context.Context, cfg config, out io.Writer) error {
@@ -88,8 +95,10 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	defer stopBroker()
 
 	s := newStream(cfg.N, cfg.Redeliveries)
-	fmt.Fprintf(out, "%d messages (%d callbacks, %d redeliveries), %d partitions, GOMAXPROCS=%d, %s\n",
-		cfg.N, s.unique, cfg.N-s.unique, cfg.Partitions, runtime.GOMAXPROCS(0), runtime.Version())
+	if slices.ContainsFunc(cfg.Modes, func(m string) bool { return m != "sms" }) {
+		fmt.Fprintf(out, "%d messages (%d callbacks, %d redeliveries), ", cfg.N, s.unique, cfg.N-s.unique)
+	}
+	fmt.Fprintf(out, "%d partitions, GOMAXPROCS=%d, %s\n", cfg.Partitions, runtime.GOMAXPROCS(0), runtime.Version())
 	fmt.Fprintf(out, "worker: batch size %d, batch wait %s, %d database connections\n\n",
 		cfg.BatchSize, cfg.BatchWait, cfg.MaxConns)
 
@@ -135,7 +144,13 @@ func runMode(ctx context.Context, e *env, name string) (result, error) {
 	if _, err := migrations.Up(ctx, e.pool, nil); err != nil {
 		return result{}, err
 	}
-	if !ownStream[name] {
+	switch {
+	case ownStream[name]: // the mode produces its own
+	case name == "sms":
+		if err := produceSMS(ctx, e.cfg, e.addr, e.topic); err != nil {
+			return result{}, err
+		}
+	default:
 		if err := e.stream.createOrders(ctx, e.pool); err != nil {
 			return result{}, fmt.Errorf("create orders: %w", err)
 		}
@@ -187,6 +202,11 @@ func report(out io.Writer, results []result) {
 	ratio("batch", "message")
 	ratio("batch", "kafka")
 	ratio("batch", "copy")
+	for _, r := range results {
+		if r.Note != "" {
+			fmt.Fprintln(out, r.Note)
+		}
+	}
 }
 
 // resetPeakRSS resets the kernel's high-water mark of this process's resident set (Linux).

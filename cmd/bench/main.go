@@ -5,6 +5,8 @@
 //	message  the worker with one transaction per message (the established inbox design)
 //	batch    the worker with one transaction per batch of a partition's messages
 //	copy     the same inbox and payments rows written by COPY (the Postgres ceiling)
+//	sms      the worker with the SMS handler, sending to a provider that answers after a set latency
+//	         (-provider-latency), one event to each of -phones phones (not run by default)
 //
 // and, each with a stream of its own (see parking.go), what a stuck message or a dependency's outage
 // costs: overtake, provider_outage and postgres_outage.
@@ -14,6 +16,7 @@
 // consumer to its last offset commit.
 //
 //	go run ./cmd/bench -n 50000
+//	go run ./cmd/bench -modes sms -provider-latency 100ms -phones 2000
 package main
 
 import (
@@ -46,6 +49,8 @@ func main() {
 	flag.IntVar(&cfg.BatchSize, "batch-size", 256, "the worker's BATCH_SIZE: most messages of a partition per batch")
 	flag.DurationVar(&cfg.BatchWait, "batch-wait", 5*time.Millisecond, "the worker's BATCH_WAIT: how long a batch waits for more messages")
 	maxConns := flag.Int("max-conns", 0, "database connections of the worker (default: partitions + 2, at least 4)")
+	flag.IntVar(&cfg.Phones, "phones", 2_000, "sms mode: events, each to its own phone")
+	flag.DurationVar(&cfg.ProviderLatency, "provider-latency", 100*time.Millisecond, "sms mode: how long the SMS provider takes to answer")
 	flag.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of the timed part of each mode to `file`.<mode>")
 	flag.Parse()
 	cfg.MaxConns = int32(cmp.Or(*maxConns, max(4, cfg.Partitions+2)))

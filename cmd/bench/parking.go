@@ -63,7 +63,7 @@ type benchWorker struct {
 }
 
 // startWorker runs a consumer of e.topic with handler until stop is called.
-func startWorker(ctx context.Context, e *env, pool *pgxpool.Pool, name string, handler consumer.Handler, retry consumer.Retry) (*benchWorker, error) {
+func startWorker(ctx context.Context, e *env, pool *pgxpool.Pool, name string, handler any, retry consumer.Retry) (*benchWorker, error) {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	store, err := inbox.NewStore(pool, inbox.Config{Logger: log})
 	if err != nil {
@@ -259,19 +259,19 @@ func runOvertake(ctx context.Context, e *env) (result, error) {
 		return result{}, err
 	}
 	dead := bw.count("dead_lettered")
-	fmt.Printf("overtake: %d good callbacks applied in %s; %d of the %d overtaking callbacks applied by then; "+
-		"their orders created at %s; all applied at %s, %d of %d orders' callbacks in order, %d paid; %d dead letters\n",
+	note := fmt.Sprintf("overtake: %d good callbacks applied in %s; %d of the %d overtaking callbacks applied by then; "+
+		"their orders created at %s; all applied at %s, %d of %d orders' callbacks in order, %d paid; %d dead letters",
 		s.unique, good.Round(time.Millisecond), lateNow, 2*len(late), ordersAt.Round(time.Millisecond),
 		lateDone.Round(time.Millisecond), inOrder, len(late), paid, dead)
 	if dead != 0 || paid != len(late) || inOrder != len(late) {
 		return result{}, fmt.Errorf("overtake: %d dead letters, %d of %d late orders paid, %d in order",
 			dead, paid, len(late), inOrder)
 	}
-	return result{Elapsed: good, Messages: s.unique}, nil
+	return result{Elapsed: good, Messages: s.unique, Note: note}, nil
 }
 
-// provider is an SMS provider fake that answers 503 while it is down and honours Idempotency-Key.
-type provider struct {
+// outageProvider is an SMS provider fake that answers 503 while it is down and honours Idempotency-Key.
+type outageProvider struct {
 	srv       *http.Server
 	url       string
 	downUntil atomic.Int64 // Unix nanoseconds
@@ -283,18 +283,18 @@ type provider struct {
 	byPhone        map[string][]int // the sequence numbers of each phone's messages, as first accepted
 }
 
-func startProvider() (*provider, error) {
+func startOutageProvider() (*outageProvider, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	p := &provider{url: "http://" + ln.Addr().String() + "/sms", accepted: map[string]bool{}, byPhone: map[string][]int{}}
+	p := &outageProvider{url: "http://" + ln.Addr().String() + "/sms", accepted: map[string]bool{}, byPhone: map[string][]int{}}
 	p.srv = &http.Server{Handler: http.HandlerFunc(p.serve), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = p.srv.Serve(ln) }()
 	return p, nil
 }
 
-func (p *provider) serve(w http.ResponseWriter, r *http.Request) {
+func (p *outageProvider) serve(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		To        string `json:"to"`
 		Reference string `json:"reference"`
@@ -323,7 +323,7 @@ func (p *provider) serve(w http.ResponseWriter, r *http.Request) {
 // runProviderOutage produces N SMS events at -sms-rate, to N/4 phones, while the provider is down
 // for -outage from the start. The clock stops when every event is delivered or dead-lettered.
 func runProviderOutage(ctx context.Context, e *env) (result, error) {
-	prov, err := startProvider()
+	prov, err := startOutageProvider()
 	if err != nil {
 		return result{}, err
 	}
@@ -383,11 +383,11 @@ func runProviderOutage(ctx context.Context, e *env) (result, error) {
 		}
 	}
 	dead := bw.count("dead_lettered")
-	fmt.Printf("provider_outage: %d events at %d/s, provider down %s, RETRY_MAX_ELAPSED %s: %d provider calls "+
-		"while it was down, %d in all; %d delivered, %d dead letters, %d of %d phones out of order; all settled after %s\n",
+	note := fmt.Sprintf("provider_outage: %d events at %d/s, provider down %s, RETRY_MAX_ELAPSED %s: %d provider calls "+
+		"while it was down, %d in all; %d delivered, %d dead letters, %d of %d phones out of order; all settled after %s",
 		n, *smsRate, *outageFor, *outageRetryMaxElapsed, prov.callsWhileDown, prov.calls, len(prov.accepted), dead,
 		outOfOrder, phones, elapsed.Round(time.Millisecond))
-	return result{Elapsed: elapsed, Messages: n}, nil
+	return result{Elapsed: elapsed, Messages: n, Note: note}, nil
 }
 
 // pgProxy forwards TCP connections to Postgres until it is cut: then it closes every connection and
@@ -521,14 +521,14 @@ func runPostgresOutage(ctx context.Context, e *env) (result, error) {
 		return result{}, err
 	}
 	dead := bw.count("dead_lettered")
-	fmt.Printf("postgres_outage: %d callbacks (%d distinct), Postgres unreachable %s from 1s, RETRY_MAX_ELAPSED %s: "+
-		"%d applied, %d duplicates, %d dead letters, %d inbox keys; all settled %s after it came back\n",
+	note := fmt.Sprintf("postgres_outage: %d callbacks (%d distinct), Postgres unreachable %s from 1s, RETRY_MAX_ELAPSED %s: "+
+		"%d applied, %d duplicates, %d dead letters, %d inbox keys; all settled %s after it came back",
 		s.n, s.unique, *outageFor, *outageRetryMaxElapsed, bw.count("applied"), bw.count("duplicate"), dead, keys,
 		(elapsed - restored).Round(time.Millisecond))
 	if dead != 0 || keys != s.unique {
 		return result{}, errors.New("postgres_outage: dead letters, or callbacks not applied")
 	}
-	return result{Elapsed: elapsed, Messages: s.n}, nil
+	return result{Elapsed: elapsed, Messages: s.n, Note: note}, nil
 }
 
 func init() {

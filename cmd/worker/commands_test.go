@@ -58,6 +58,7 @@ func TestDev(t *testing.T) {
 		"DEV_KAFKA_ADDR=127.0.0.1:0",
 		"HTTP_ADDR=127.0.0.1:0",
 		"DATABASE_URL=" + db.URL,
+		"LOG_FORMAT=json", // for the test to read; text by default (TestDevLogsText)
 	}, "dev")
 	broker, _ := p.waitLog("embedded Kafka broker listening")["addr"].(string)
 	base := p.httpAddr()
@@ -67,9 +68,17 @@ func TestDev(t *testing.T) {
 		}
 		return ""
 	})
-	// The embedded broker keeps messages no longer than the inbox remembers keys.
-	if w := p.findLog(retentionWarning, "topic", topicSMS); w != nil {
-		t.Errorf("worker dev warns about its own topics' retention: %v", w)
+	// The inbox remembers keys as long as the embedded broker's topics can redeliver them: the
+	// worker read each topic's retention and took it, and warned of nothing, a failed read included.
+	for _, topic := range []string{topicPayments, topicSMS} {
+		if l := p.findLog("inbox retention", "topic", topic); l == nil || l["source"] != "topic" {
+			t.Errorf("worker dev did not take %s's inbox retention from the topic: %v", topic, l)
+		}
+	}
+	for _, l := range p.allLogs() {
+		if msg, _ := l["msg"].(string); msg == retentionWarning || strings.Contains(msg, "retention.ms") {
+			t.Errorf("worker dev logged %q about its own topics' retention: %v", msg, l)
+		}
 	}
 	if stdout, _ := p.output(); !strings.Contains(stdout, "kcat -P -b "+broker+" -t "+topicPayments) {
 		t.Errorf("worker dev does not say how to produce to %s:\n%s", broker, stdout)
@@ -89,5 +98,24 @@ func TestDev(t *testing.T) {
 	p.signal(syscall.SIGINT)
 	if code := p.wait(); code != 0 {
 		t.Errorf("exit code %d after SIGINT, want 0", code)
+	}
+}
+
+// TestDevLogsText checks that `worker dev` logs as text, for the person watching it, unless
+// LOG_FORMAT says otherwise.
+func TestDevLogsText(t *testing.T) {
+	t.Parallel()
+	p := startWorker(t, []string{
+		"DEV_KAFKA_ADDR=127.0.0.1:0",
+		"HTTP_ADDR=127.0.0.1:0",
+		"DATABASE_URL=" + pgtest.Schema(t).URL,
+	}, "dev")
+	p.waitLine(`level=INFO msg="embedded Kafka broker listening" addr=127.0.0.1:`)
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(); code != 0 {
+		t.Errorf("exit code %d after SIGTERM, want 0", code)
+	}
+	if _, lines := p.output(); len(lines) == 0 || strings.HasPrefix(lines[0], "{") {
+		t.Errorf("worker dev logs JSON by default: %q", lines)
 	}
 }

@@ -16,13 +16,20 @@ import (
 func TestDemo(t *testing.T) {
 	t.Parallel()
 	var summaries []string
+	var anomalyLines []int // per run: log lines of an anomaly recorded
 	for run := 1; run <= 2; run++ {
 		p := startWorker(t, []string{"DATABASE_URL=" + pgtest.ServerURL()}, "demo")
 		if code := p.wait(); code != 0 {
 			t.Fatalf("run %d: exit code %d, want 0", run, code)
 		}
-		stdout, _ := p.output()
+		stdout, stderr := p.output()
 		t.Logf("run %d:\n%s", run, stdout)
+		anomalyLines = append(anomalyLines, 0)
+		for _, line := range stderr {
+			if strings.Contains(line, "payment anomaly recorded") {
+				anomalyLines[run-1]++
+			}
+		}
 		_, summary, ok := strings.Cut(stdout, "\nSummary")
 		if !ok {
 			t.Fatalf("run %d printed no summary", run)
@@ -49,6 +56,12 @@ func TestDemo(t *testing.T) {
 	for topic, w := range want {
 		if got := strings.Join(table[topic], " "); got != strings.Join(w, " ") {
 			t.Errorf("%s: summary row %q, want %q", topic, got, strings.Join(w, " "))
+		}
+	}
+	// Each anomaly is logged once, when it commits, however often its batch ran.
+	for run, n := range anomalyLines {
+		if row := table["payments.callbacks"]; len(row) > 3 && fmt.Sprint(n) != row[3] {
+			t.Errorf("run %d: %d log lines of an anomaly recorded, for %s anomalies", run+1, n, row[3])
 		}
 	}
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/notify/notifytest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
@@ -126,6 +128,15 @@ func testEndToEnd(t *testing.T, env *environment) {
 	ctx := context.Background()
 	provider := notifytest.NewProvider(t)
 	provider.RequireToken("sms-s3cret")
+	// The provider refuses one number, echoing it and the token in a long answer: the dead letter
+	// must carry that answer cut short, without them.
+	provider.SetHook(func(r notifytest.Request) notifytest.Reply {
+		if r.Key == "sms-e4" {
+			return notifytest.Reply{Status: 422, Body: `{"error":"+447700900999 is blocked","auth":"Bearer sms-s3cret","trace":"` +
+				strings.Repeat("x", 20000) + `"}`}
+		}
+		return notifytest.Reply{}
+	})
 	group := "e2e-" + strings.ReplaceAll(t.Name(), "/", "-")
 	p := startWorker(t, []string{
 		"KAFKA_BROKERS=" + env.brokers,
@@ -140,6 +151,10 @@ func testEndToEnd(t *testing.T, env *environment) {
 		"RETRY_MAX_ELAPSED=2s",
 		"SHUTDOWN_TIMEOUT=10s",
 		"STARTUP_TIMEOUT=" + env.startupTimeout,
+		// Set shorter than the topics' retention on purpose: the worker must warn.
+		"INBOX_RETENTION_PAYMENTS=72h",
+		"INBOX_RETENTION_SMS=24h",
+		"LAG_INTERVAL=100ms", // the lag below comes down to 0 without waiting for the default 5s
 	}, "run")
 	base := p.httpAddr()
 
@@ -152,7 +167,7 @@ func testEndToEnd(t *testing.T, env *environment) {
 		}
 		return ""
 	})
-	// Both brokers keep messages 7 days by default, longer than the inbox keys' 72h and 24h.
+	// Both brokers keep messages 7 days by default, longer than the inbox keys' explicit 72h and 24h.
 	for _, setting := range []string{"INBOX_RETENTION_PAYMENTS", "INBOX_RETENTION_SMS"} {
 		if w := p.findLog(retentionWarning, "setting", setting); w == nil || w["topic_retention"] != "168h0m0s" {
 			t.Errorf("no warning that %s is shorter than the topic's 7 days: %v", setting, w)
@@ -185,6 +200,7 @@ func testEndToEnd(t *testing.T, env *environment) {
 		code, code,
 		sms("sms-e2", "8613800138000"), // not E.164
 		sms("sms-e3", "+447700900123"),
+		sms("sms-e4", "+447700900999"), // refused by the provider
 	)
 	eventually(t, func() string {
 		if retries := counter(scrape(t, base), "inboxworker_retries_total", topicPayments); retries == 0 {
@@ -197,7 +213,7 @@ func testEndToEnd(t *testing.T, env *environment) {
 	}
 	want := map[string]map[string]float64{
 		topicPayments: {"applied": 4, "duplicate": 1, "dead_lettered": 1},
-		topicSMS:      {"applied": 2, "duplicate": 1, "dead_lettered": 1},
+		topicSMS:      {"applied": 2, "duplicate": 1, "dead_lettered": 2},
 	}
 
 	var metrics map[string]*dto.MetricFamily // parsed below, once every message is finished
@@ -223,7 +239,7 @@ func testEndToEnd(t *testing.T, env *environment) {
 			t.Errorf("inboxworker_handle_seconds_count{topic=%q} = %v", topic, n)
 		}
 	}
-	// The lag is refreshed every few seconds; every partition's must come down to 0.
+	// The lag is refreshed every LAG_INTERVAL; every partition's must come down to 0.
 	eventually(t, func() string {
 		lag := gauges(scrape(t, base), "inboxworker_consumer_lag")
 		if len(lag) != 2*partitions {
@@ -241,10 +257,28 @@ func testEndToEnd(t *testing.T, env *environment) {
 	}
 
 	checkEffects(t, env.pool, provider)
-	for _, topic := range []string{topicPayments, topicSMS} {
-		reasons := deadLetters(t, env.brokers, topic+".dlq")
-		if len(reasons) != 1 || reasons[0].reason != "invalid_payload" || reasons[0].originalTopic != topic {
-			t.Errorf("dead letters of %s: %+v, want one invalid_payload", topic, reasons)
+	for topic, want := range map[string][]string{
+		topicPayments: {"invalid_payload"},
+		topicSMS:      {"invalid_payload", "provider_rejected"},
+	} {
+		dead := deadLetters(t, env.brokers, topic+".dlq")
+		var reasons []string
+		for _, d := range dead {
+			reasons = append(reasons, d.reason)
+			if d.originalTopic != topic {
+				t.Errorf("dead letter %+v: dlq-original-topic %q, want %q", d, d.originalTopic, topic)
+			}
+			// The dead letter itself, not only the logs: the error, bounded, without a full number
+			// or the token.
+			if d.error == "" || len(d.error) > 8<<10 || strings.Contains(d.error, "13800138000") ||
+				strings.Contains(d.error, "447700900999") || strings.Contains(d.error, "s3cret") {
+				t.Errorf("dead letter of %s (%s): dlq-error of %d bytes %.300q; want the error, at most 8 KiB, without a full number or the token",
+					topic, d.reason, len(d.error), d.error)
+			}
+		}
+		slices.Sort(reasons)
+		if !slices.Equal(reasons, want) {
+			t.Errorf("dead letters of %s: %v, want %v", topic, reasons, want)
 		}
 	}
 
@@ -253,7 +287,7 @@ func testEndToEnd(t *testing.T, env *environment) {
 		t.Fatalf("exit code %d after SIGTERM, want 0", code)
 	}
 	p.waitLog("stopped")
-	for topic, n := range map[string]int64{topicPayments: 6, topicSMS: 4} {
+	for topic, n := range map[string]int64{topicPayments: 6, topicSMS: 5} {
 		if committed := committedTotal(t, env.brokers, group, topic); committed != n {
 			t.Errorf("%s: the group committed %d offsets, want all %d", topic, committed, n)
 		}
@@ -273,7 +307,7 @@ func testEndToEnd(t *testing.T, env *environment) {
 	}
 	_, lines := p.output()
 	for _, l := range lines {
-		if strings.Contains(l, "s3cret") || strings.Contains(l, "13800138000") {
+		if strings.Contains(l, "s3cret") || strings.Contains(l, "13800138000") || strings.Contains(l, "447700900999") {
 			t.Errorf("a secret or a full phone number in the logs: %s", l)
 		}
 	}
@@ -391,7 +425,7 @@ func committedTotal(t *testing.T, brokers, group, topic string) int64 {
 	return total
 }
 
-type deadLetter struct{ reason, originalTopic string }
+type deadLetter struct{ reason, originalTopic, error string }
 
 // deadLetters reads every message of a dead-letter topic.
 func deadLetters(t *testing.T, brokers, topic string) []deadLetter {
@@ -420,10 +454,12 @@ func deadLetters(t *testing.T, brokers, topic string) []deadLetter {
 				var d deadLetter
 				for _, h := range r.Headers {
 					switch h.Key {
-					case "dlq-reason":
+					case deadletter.HeaderReason:
 						d.reason = string(h.Value)
-					case "dlq-original-topic":
+					case deadletter.HeaderOriginalTopic:
 						d.originalTopic = string(h.Value)
+					case "dlq-error":
+						d.error = string(h.Value)
 					}
 				}
 				out = append(out, d)

@@ -68,14 +68,16 @@ func TestKafkaSASLOverTLS(t *testing.T) {
 	})
 	t.Run("WrongPassword", func(t *testing.T) {
 		t.Parallel()
-		p := startWorker(t, append(env("wrong-s3cret"), "STARTUP_TIMEOUT=500ms"), "run")
+		// Long enough for a TLS handshake and the hang-up on a loaded machine: with less, the
+		// deadline can come first and the hint below is rightly absent.
+		p := startWorker(t, append(env("wrong-s3cret"), "STARTUP_TIMEOUT=3s"), "run")
 		if code := p.wait(); code != 1 {
 			t.Errorf("exit code %d, want 1", code)
 		}
 		// A real broker answers SaslAuthenticationFailed, and the worker names KAFKA_USERNAME at
 		// once; kfake hangs up instead, which the worker cannot tell from a broker down.
 		_, lines := p.output()
-		want := fmt.Sprintf("worker: KAFKA_BROKERS: Kafka at %s unreachable after 500ms: ", cluster.ListenAddrs()[0])
+		want := fmt.Sprintf("worker: KAFKA_BROKERS: Kafka at %s unreachable after 3s: ", cluster.ListenAddrs()[0])
 		hint := "(the brokers hung up: check KAFKA_TLS, KAFKA_SASL_MECHANISM, KAFKA_USERNAME and KAFKA_PASSWORD)"
 		if last := lines[len(lines)-1]; !strings.HasPrefix(last, want) || !strings.HasSuffix(last, hint) {
 			t.Errorf("last line %q, want %q…%q", last, want, hint)

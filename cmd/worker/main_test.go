@@ -66,7 +66,9 @@ func startWorker(t *testing.T, env []string, args ...string) *process {
 	t.Helper()
 	p := &process{t: t, changed: make(chan struct{}), exited: make(chan struct{})}
 	p.cmd = exec.Command(workerBin, args...)
-	p.cmd.Env = env
+	// A race-built worker otherwise sleeps a second at exit, for reports that never come; a report
+	// still fails the test, through the exit code and the logs.
+	p.cmd.Env = append(env, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	p.cmd.Stdout = writerFunc(func(b []byte) (int, error) {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -148,6 +150,34 @@ func (p *process) waitLog(msg string) map[string]any {
 	}
 }
 
+// waitLine waits for a stderr line that contains s. It fails the test if the process exits first.
+func (p *process) waitLine(s string) {
+	p.t.Helper()
+	deadline := time.After(waitTimeout)
+	for seen := 0; ; {
+		p.mu.Lock()
+		lines, changed := p.lines, p.changed
+		p.mu.Unlock()
+		for ; seen < len(lines); seen++ {
+			if strings.Contains(lines[seen], s) {
+				return
+			}
+		}
+		select {
+		case <-changed:
+		case <-p.exited:
+			p.mu.Lock()
+			n := len(p.lines)
+			p.mu.Unlock()
+			if n == seen {
+				p.t.Fatalf("the worker exited without logging a line with %q", s)
+			}
+		case <-deadline:
+			p.t.Fatalf("the worker did not log a line with %q", s)
+		}
+	}
+}
+
 // findLog returns the first log entry logged so far whose msg is msg and whose attribute key is
 // value, or nil.
 func (p *process) findLog(msg, key, value string) map[string]any {
@@ -159,6 +189,13 @@ func (p *process) findLog(msg, key, value string) map[string]any {
 		}
 	}
 	return nil
+}
+
+// allLogs returns the log entries logged so far.
+func (p *process) allLogs() []map[string]any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]map[string]any(nil), p.logs...)
 }
 
 // httpAddr waits until the worker serves HTTP and returns its base URL.

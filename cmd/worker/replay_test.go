@@ -52,7 +52,8 @@ func TestReplayDeadLetters(t *testing.T) {
 	}
 	replay := func() string {
 		t.Helper()
-		r := startWorker(t, []string{"KAFKA_BROKERS=" + env.brokers, "STARTUP_TIMEOUT=" + env.startupTimeout},
+		r := startWorker(t, []string{"KAFKA_BROKERS=" + env.brokers, "DATABASE_URL=" + env.databaseURL,
+			"STARTUP_TIMEOUT=" + env.startupTimeout},
 			"replay", dlq, "--reason", "unknown_order")
 		if code := r.wait(); code != 0 {
 			t.Fatalf("worker replay: exit code %d", code)

@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 )
 
 // Main runs the command in args (os.Args[1:]) with the environment read through getenv, and returns
@@ -107,6 +109,7 @@ var commands = []*command{
 		details: "Starts an embedded Kafka broker (the real wire protocol, in memory) on DEV_KAFKA_ADDR with\n" +
 			"the topics and their dead-letter topics created, prints how to produce to it, then runs the\n" +
 			"worker against it until stopped. SMS are only logged unless SMS_PROVIDER_URL is set.",
+		defaults: map[string]string{"LOG_FORMAT": "text"},
 		settings: join([]string{"DEV_KAFKA_ADDR", "KAFKA_GROUP_ID", "KAFKA_SESSION_TIMEOUT"},
 			databaseSettings, workerSettings, []string{"HTTP_ADDR"}, logSettings),
 		run: devCommand,
@@ -131,19 +134,23 @@ var commands = []*command{
 		maxArgs: 1,
 		summary: "put dead letters back on their original topic, once their cause is fixed",
 		details: "Reads every partition of DLQ_TOPIC (a topic ending with DLQ_SUFFIX) from its first offset\n" +
-			"to its end offset as of the start, without a consumer group, and produces each dead letter\n" +
-			"whose dlq-reason is --reason (all when unset) to the topic its dlq-original-topic header\n" +
-			"names: the original key, value and headers (Idempotency-Key among them), less the dlq-*\n" +
-			"headers, partitioned by key as producers do. A dead letter without dlq-original-topic is\n" +
-			"skipped with a warning; one naming a dead-letter topic stops the command before anything\n" +
-			"is written. Prints one line per dead letter replayed and a summary.\n" +
+			"to its end offset as of the start, without a consumer group, then the dead letters DLQ_TOPIC\n" +
+			"refused for good (too large for it, not authorised), which the worker kept in the table\n" +
+			"dead_letters of DATABASE_URL, not replayed yet. It produces each dead letter whose\n" +
+			deadletter.HeaderReason + " is --reason (all when unset) to the topic its " + deadletter.HeaderOriginalTopic + "\n" +
+			"header names: the original key, value and headers (Idempotency-Key among them), less the\n" +
+			"dlq-* headers, partitioned by key as producers do. A dead letter without\n" +
+			deadletter.HeaderOriginalTopic + " is skipped with a warning; one naming a dead-letter topic\n" +
+			"stops the command before anything is written. Prints one line per dead letter replayed\n" +
+			"and a summary.\n" +
 			"\n" +
 			"Nothing is deleted: Kafka topics are append-only, so replaying twice puts a message back\n" +
-			"twice. The inbox makes that harmless for a message that was applied (its key is skipped as\n" +
-			"a duplicate); a message that fails again is dead-lettered again. Try --dry-run first, and\n" +
-			"replay only the --reason whose cause you fixed.",
+			"twice (a row of dead_letters is marked replayed, and replayed once). The inbox makes that\n" +
+			"harmless for a message that was applied (its key is skipped as a duplicate); a message that\n" +
+			"fails again is dead-lettered again. Try --dry-run first, and replay only the --reason whose\n" +
+			"cause you fixed.",
 		settings: join([]string{"KAFKA_BROKERS", "KAFKA_SASL_MECHANISM", "KAFKA_USERNAME", "KAFKA_PASSWORD",
-			"KAFKA_TLS", "DLQ_SUFFIX", "STARTUP_TIMEOUT"}, logSettings, []string{"reason", "dry-run", "limit"}),
+			"KAFKA_TLS", "DLQ_SUFFIX"}, databaseSettings, logSettings, []string{"reason", "dry-run", "limit"}),
 		run: replayCommand,
 	},
 	parkedCommand,

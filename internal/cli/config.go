@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,11 +42,17 @@ type Config struct {
 	RetryMaxInterval     time.Duration
 	RetryMaxElapsed      time.Duration
 
+	// InboxRetentionPayments and InboxRetentionSMS are how long idempotency keys are remembered.
+	// Zero (the default) means "as long as the topic can redeliver": settled at start from the
+	// topic's configuration (see settleRetention).
 	InboxRetentionPayments time.Duration
 	InboxRetentionSMS      time.Duration
 
 	BatchSize int
 	BatchWait time.Duration
+
+	// LagInterval is how often the consumer_lag metric is refreshed. Defaults to 5s.
+	LagInterval time.Duration
 
 	HTTPAddr        string
 	ShutdownTimeout time.Duration
@@ -58,7 +66,7 @@ type Config struct {
 	// NoMigrate skips the migrations at start (worker run --no-migrate). A flag only.
 	NoMigrate bool
 
-	// The options of worker replay, flags only: the dlq-reason to replay ("" for all), whether to
+	// The options of worker replay, flags only: the reason to replay ("" for all), whether to
 	// write nothing, and how many dead letters to replay at most (0 for all).
 	ReplayReason string
 	ReplayDryRun bool
@@ -149,18 +157,23 @@ var settings = []*setting{
 	{env: "RETRY_MAX_ELAPSED", flag: "retry-max-elapsed", def: "5m", meta: "DURATION",
 		usage: "retry budget of one message, after which it is dead-lettered",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.RetryMaxElapsed, v) }},
-	{env: "INBOX_RETENTION_PAYMENTS", flag: "inbox-retention-payments", def: "72h", meta: "DURATION",
-		usage: "how long a payment callback's idempotency key is remembered",
-		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.InboxRetentionPayments, v) }},
-	{env: "INBOX_RETENTION_SMS", flag: "inbox-retention-sms", def: "24h", meta: "DURATION",
-		usage: "how long an SMS event's idempotency key is remembered",
-		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.InboxRetentionSMS, v) }},
+	{env: "INBOX_RETENTION_PAYMENTS", flag: "inbox-retention-payments", meta: "DURATION",
+		usage: "how long a payment callback's idempotency key is remembered " +
+			"(unset: the topic's retention.ms + segment.ms + 1h, read at start)",
+		set: func(c *Config, v string) error { return parseOptionalDuration(&c.InboxRetentionPayments, v) }},
+	{env: "INBOX_RETENTION_SMS", flag: "inbox-retention-sms", meta: "DURATION",
+		usage: "how long an SMS event's idempotency key is remembered " +
+			"(unset: the topic's retention.ms + segment.ms + 1h, read at start)",
+		set: func(c *Config, v string) error { return parseOptionalDuration(&c.InboxRetentionSMS, v) }},
 	{env: "BATCH_SIZE", flag: "batch-size", def: "256", meta: "N",
 		usage: "most messages of one partition applied in one transaction (1: a transaction per message)",
 		set:   func(c *Config, v string) error { return parseLimit(&c.BatchSize, v) }},
 	{env: "BATCH_WAIT", flag: "batch-wait", def: "5ms", meta: "DURATION",
 		usage: "how long a batch waits for more messages after its first",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.BatchWait, v) }},
+	{env: "LAG_INTERVAL", flag: "lag-interval", def: "5s", meta: "DURATION",
+		usage: "how often the consumer_lag metric is refreshed",
+		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.LagInterval, v) }},
 	{env: "HTTP_ADDR", flag: "http-addr", def: ":8080", meta: "ADDR",
 		usage: "address of /metrics, /healthz and /readyz",
 		set:   func(c *Config, v string) error { return parseAddr(&c.HTTPAddr, v) }},
@@ -195,7 +208,7 @@ var settings = []*setting{
 		usage: "do not apply pending migrations at start",
 		set:   func(c *Config, v string) error { return parseBool(&c.NoMigrate, v) }},
 	{flag: "reason", meta: "REASON", envless: true,
-		usage: "replay only the dead letters whose dlq-reason is REASON (unset: all)",
+		usage: "replay only the dead letters whose reason is REASON (unset: all)",
 		set:   func(c *Config, v string) error { c.ReplayReason = v; return nil }},
 	{flag: "dry-run", def: "false", envless: true,
 		usage: "print what would be replayed and write nothing",
@@ -357,7 +370,8 @@ func (c *Config) check(name func(env string) string) error {
 	return nil
 }
 
-// masked returns the effective configuration for the startup log line, secrets masked.
+// masked returns the effective configuration for the startup log line, secrets masked: by the kind of
+// each setting, so that a new secret or URL setting is masked without a line of its own.
 func (c *Config) masked(ss []*setting) []slog.Attr {
 	values := map[string]string{
 		"KAFKA_BROKERS":            strings.Join(c.KafkaBrokers, ","),
@@ -365,21 +379,22 @@ func (c *Config) masked(ss []*setting) []slog.Attr {
 		"KAFKA_SESSION_TIMEOUT":    c.KafkaSessionTimeout.String(),
 		"KAFKA_SASL_MECHANISM":     c.KafkaSASLMechanism,
 		"KAFKA_USERNAME":           c.KafkaUsername,
-		"KAFKA_PASSWORD":           maskSecret(c.KafkaPassword),
+		"KAFKA_PASSWORD":           c.KafkaPassword,
 		"KAFKA_TLS":                strconv.FormatBool(c.KafkaTLS),
-		"DATABASE_URL":             maskURL(c.DatabaseURL),
+		"DATABASE_URL":             c.DatabaseURL,
 		"TOPIC_PAYMENTS":           c.TopicPayments,
 		"TOPIC_SMS":                c.TopicSMS,
 		"DLQ_SUFFIX":               c.DLQSuffix,
-		"SMS_PROVIDER_URL":         maskURL(c.SMSProviderURL),
-		"SMS_PROVIDER_TOKEN":       maskSecret(c.SMSProviderToken),
+		"SMS_PROVIDER_URL":         c.SMSProviderURL,
+		"SMS_PROVIDER_TOKEN":       c.SMSProviderToken,
 		"RETRY_INITIAL_INTERVAL":   c.RetryInitialInterval.String(),
 		"RETRY_MAX_INTERVAL":       c.RetryMaxInterval.String(),
 		"RETRY_MAX_ELAPSED":        c.RetryMaxElapsed.String(),
-		"INBOX_RETENTION_PAYMENTS": c.InboxRetentionPayments.String(),
-		"INBOX_RETENTION_SMS":      c.InboxRetentionSMS.String(),
+		"INBOX_RETENTION_PAYMENTS": retentionText(c.InboxRetentionPayments),
+		"INBOX_RETENTION_SMS":      retentionText(c.InboxRetentionSMS),
 		"BATCH_SIZE":               strconv.Itoa(c.BatchSize),
 		"BATCH_WAIT":               c.BatchWait.String(),
+		"LAG_INTERVAL":             c.LagInterval.String(),
 		"HTTP_ADDR":                c.HTTPAddr,
 		"SHUTDOWN_TIMEOUT":         c.ShutdownTimeout.String(),
 		"STARTUP_TIMEOUT":          c.StartupTimeout.String(),
@@ -392,7 +407,14 @@ func (c *Config) masked(ss []*setting) []slog.Attr {
 		if s.envless {
 			continue
 		}
-		attrs = append(attrs, slog.String(s.env, values[s.env]))
+		v := values[s.env]
+		switch {
+		case s.secret:
+			v = maskSecret(v)
+		case s.meta == "URL":
+			v = maskURL(v)
+		}
+		attrs = append(attrs, slog.String(s.env, v))
 	}
 	return attrs
 }
@@ -405,6 +427,23 @@ func parseNonEmpty(dst *string, v string) error {
 	}
 	*dst = v
 	return nil
+}
+
+// parseOptionalDuration is parsePositiveDuration, with "" for 0: not set.
+func parseOptionalDuration(dst *time.Duration, v string) error {
+	if v == "" {
+		*dst = 0
+		return nil
+	}
+	return parsePositiveDuration(dst, v)
+}
+
+// retentionText is an inbox retention for the startup line: unset ones are settled later.
+func retentionText(d time.Duration) string {
+	if d == 0 {
+		return "from the topic"
+	}
+	return d.String()
 }
 
 func parsePositiveDuration(dst *time.Duration, v string) error {
@@ -541,10 +580,22 @@ func maskSecret(s string) string {
 var (
 	urlPassword = regexp.MustCompile(`(://[^:/?#@]*:)[^@]*@`)
 	kvPassword  = regexp.MustCompile(`(?i)((?:ssl)?password=)('[^']*'|[^ &]*)`)
+	urlQuery    = regexp.MustCompile(`([?&][^=&#]*=)[^&#]*`)
 )
 
-// maskURL masks every password a connection string may carry: in its user info and in password
-// parameters. It works on strings that do not parse, too.
+// shownQueryParams are the query parameters whose values maskURL shows: Postgres connection
+// parameters that are never secret. Any other value may be one (an SMS gateway's api_key, a
+// signature, sslpassword) and is masked.
+var shownQueryParams = map[string]bool{
+	"sslmode": true, "user": true, "host": true, "port": true, "dbname": true, "application_name": true,
+	"connect_timeout": true, "target_session_attrs": true, "search_path": true, "sslrootcert": true,
+	"pool_max_conns": true, "pool_min_conns": true,
+}
+
+// maskURL masks what a URL setting may carry of a secret: the password of its user info and every
+// query value but those of shownQueryParams; in a key=value connection string, its passwords. It
+// works on strings that do not parse, too. Config.masked applies it to every setting whose value is a
+// URL.
 func maskURL(s string) string {
 	if s == "" {
 		return ""
@@ -553,19 +604,37 @@ func maskURL(s string) string {
 		if _, has := u.User.Password(); has {
 			u.User = url.UserPassword(u.User.Username(), mask)
 		}
-		q := u.Query()
-		masked := false
-		for k := range q {
-			if strings.EqualFold(k, "password") || strings.EqualFold(k, "sslpassword") {
-				q.Set(k, mask)
-				masked = true
-			}
-		}
-		if masked {
-			u.RawQuery = q.Encode()
+		if u.RawQuery != "" {
+			u.RawQuery = maskQuery(u.RawQuery)
 		}
 		return u.String()
 	}
 	s = urlPassword.ReplaceAllString(s, "${1}"+mask+"@")
+	if strings.Contains(s, "://") {
+		s = urlQuery.ReplaceAllString(s, "${1}"+mask)
+	}
 	return kvPassword.ReplaceAllString(s, "${1}"+mask)
+}
+
+// maskQuery returns a URL's query, sorted by name, with every value masked but those of
+// shownQueryParams, and a name without a value (which may be a key itself, as in ?K3Y) masked whole.
+func maskQuery(rawQuery string) string {
+	q, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return mask
+	}
+	parts := make([]string, 0, len(q))
+	for _, name := range slices.Sorted(maps.Keys(q)) {
+		for _, v := range q[name] {
+			switch {
+			case shownQueryParams[strings.ToLower(name)]:
+				parts = append(parts, url.QueryEscape(name)+"="+url.QueryEscape(v))
+			case v == "":
+				parts = append(parts, mask)
+			default:
+				parts = append(parts, url.QueryEscape(name)+"="+mask)
+			}
+		}
+	}
+	return strings.Join(parts, "&")
 }

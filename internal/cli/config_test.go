@@ -138,10 +138,11 @@ var contractDefaults = map[string]string{
 	"RETRY_INITIAL_INTERVAL":   "200ms",
 	"RETRY_MAX_INTERVAL":       "30s",
 	"RETRY_MAX_ELAPSED":        "5m",
-	"INBOX_RETENTION_PAYMENTS": "72h",
-	"INBOX_RETENTION_SMS":      "24h",
+	"INBOX_RETENTION_PAYMENTS": "", // the topic's retention.ms + segment.ms + 1h, settled at start
+	"INBOX_RETENTION_SMS":      "",
 	"BATCH_SIZE":               "256", // not in the contract's table: the throughput settings
 	"BATCH_WAIT":               "5ms",
+	"LAG_INTERVAL":             "5s", // how often consumer_lag is refreshed
 	"HTTP_ADDR":                ":8080",
 	"SHUTDOWN_TIMEOUT":         "30s",
 	"STARTUP_TIMEOUT":          "15s",
@@ -170,8 +171,7 @@ func TestDefaults(t *testing.T) {
 		DatabaseURL:   "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 		TopicPayments: "payments.callbacks", TopicSMS: "notifications.sms", DLQSuffix: ".dlq",
 		RetryInitialInterval: 200 * time.Millisecond, RetryMaxInterval: 30 * time.Second, RetryMaxElapsed: 5 * time.Minute,
-		InboxRetentionPayments: 72 * time.Hour, InboxRetentionSMS: 24 * time.Hour,
-		BatchSize: 256, BatchWait: 5 * time.Millisecond,
+		BatchSize: 256, BatchWait: 5 * time.Millisecond, LagInterval: 5 * time.Second,
 		HTTPAddr: ":8080", ShutdownTimeout: 30 * time.Second, StartupTimeout: 15 * time.Second,
 		LogLevel: slog.LevelInfo, LogFormat: "json", DevKafkaAddr: "127.0.0.1:9092",
 	}

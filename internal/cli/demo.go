@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 )
 
 // demoSchema holds the demo's tables and orders. It is dropped and recreated on every run.
@@ -331,13 +334,21 @@ func caughtUp(ctx context.Context, client *kafka.Client, group string, topics []
 	return true, nil
 }
 
-// deadLetterReasons reads every message of topic and counts them by their dlq-reason header.
-func deadLetterReasons(ctx context.Context, client *kafka.Client, topic string) (map[string]int, error) {
+// deadLetterReasons reads every message of the dead-letter topic, and the dead letters it refused,
+// which the worker kept in the table dead_letters, and counts them by their reason.
+func deadLetterReasons(ctx context.Context, client *kafka.Client, pool *pgxpool.Pool, topic string) (map[string]int, error) {
 	ends, err := endOffsets(ctx, client, []string{topic})
 	if err != nil {
 		return nil, err
 	}
 	reasons := map[string]int{}
+	err = deadletter.NewStore(pool).Pending(ctx, topic, func(d deadletter.Stored) (bool, error) {
+		reasons[string(d.Letter.Reason)]++
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
 	for p, end := range ends[topic] {
 		for offset := int64(0); offset < end; {
 			resp, err := client.Fetch(ctx, &kafka.FetchRequest{Topic: topic, Partition: p, Offset: offset,
@@ -356,13 +367,8 @@ func deadLetterReasons(ctx context.Context, client *kafka.Client, topic string) 
 				if err != nil {
 					return nil, fmt.Errorf("read %s/%d: %w", topic, p, err)
 				}
-				reason := "(no dlq-reason)"
-				for _, h := range r.Headers {
-					if h.Key == "dlq-reason" {
-						reason = string(h.Value)
-					}
-				}
-				reasons[reason]++
+				letter, _ := deadletter.Read(r.Headers)
+				reasons[cmp.Or(string(letter.Reason), "(no "+deadletter.HeaderReason+")")]++
 				offset = r.Offset + 1
 			}
 		}
@@ -406,7 +412,7 @@ func readSummary(ctx context.Context, cfg *Config, addr string, pool *pgxpool.Po
 		}
 	}
 	for _, t := range []string{cfg.TopicPayments, cfg.TopicSMS} {
-		if s.deadLettered[t], err = deadLetterReasons(ctx, client, t+cfg.DLQSuffix); err != nil {
+		if s.deadLettered[t], err = deadLetterReasons(ctx, client, pool, t+cfg.DLQSuffix); err != nil {
 			return nil, err
 		}
 	}

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"strconv"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -19,6 +18,9 @@ const devPartitions = 3
 
 // devCommand is `worker dev`.
 func devCommand(ctx context.Context, a *app, cfg *Config, _ []string) error {
+	if !cfg.explicit["LOG_FORMAT"] {
+		cfg.LogFormat = "text" // worker dev is watched by a person, as the demo is
+	}
 	logger := newLogger(cfg, a.stderr)
 	broker, err := startDevBroker(ctx, cfg, cfg.DevKafkaAddr, logger)
 	if err != nil {
@@ -43,8 +45,8 @@ type devBroker struct {
 }
 
 // startDevBroker starts a one-broker in-memory cluster on addr with the topics and their dead-letter
-// topics created. The topics keep messages as long as the shorter inbox retention, so that no key is
-// forgotten while the broker could still redeliver its message.
+// topics created, with Kafka's default configuration: the inbox retentions, unless set, follow the
+// topics' (see settleRetention), as they do against a real cluster.
 func startDevBroker(ctx context.Context, cfg *Config, addr string, logger *slog.Logger) (_ *devBroker, err error) {
 	c, err := kfake.NewCluster(
 		kfake.NumBrokers(1),
@@ -62,14 +64,10 @@ func startDevBroker(ctx context.Context, cfg *Config, addr string, logger *slog.
 		}
 	}()
 
-	retention := strconv.FormatInt(min(cfg.InboxRetentionPayments, cfg.InboxRetentionSMS).Milliseconds(), 10)
 	req := &kafka.CreateTopicsRequest{}
 	for _, t := range []string{cfg.TopicPayments, cfg.TopicSMS} {
 		for _, name := range []string{t, t + cfg.DLQSuffix} {
-			req.Topics = append(req.Topics, kafka.TopicConfig{
-				Topic: name, NumPartitions: devPartitions, ReplicationFactor: 1,
-				ConfigEntries: []kafka.ConfigEntry{{ConfigName: "retention.ms", ConfigValue: retention}},
-			})
+			req.Topics = append(req.Topics, kafka.TopicConfig{Topic: name, NumPartitions: devPartitions, ReplicationFactor: 1})
 		}
 	}
 	client, closeClient := localClient(b.addr)

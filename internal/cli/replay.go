@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,18 +14,13 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/inboxworker/inboxworker/internal/consumer"
-	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
-)
 
-// The dead-letter headers replay reads. Every header whose name begins with dlqHeaderPrefix is the
-// dead-lettering's own and is not replayed.
-const (
-	dlqHeaderPrefix        = "dlq-"
-	dlqReasonHeader        = "dlq-reason"
-	dlqOriginalTopicHeader = "dlq-original-topic"
+	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
+	"github.com/inboxworker/inboxworker/internal/fault"
 )
 
 const (
@@ -75,9 +69,19 @@ func replayCommand(ctx context.Context, a *app, cfg *Config, args []string) erro
 	if err != nil {
 		return err
 	}
+	pool, err := openDatabase(ctx, cfg, r.logger, "")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	r.stored = deadletter.NewStore(pool)
+
 	r.logger.InfoContext(ctx, "reading the dead letters", slog.String("dlq_topic", r.dlqTopic),
 		slog.String("reason", r.reason), slog.Bool("dry_run", r.dryRun), slog.Int("limit", r.limit))
 	if err := r.read(ctx, partitions); err != nil {
+		return err
+	}
+	if err := r.readStored(ctx); err != nil {
 		return err
 	}
 	if err := r.checkTargets(ctx); err != nil {
@@ -102,7 +106,8 @@ func replayCommand(ctx context.Context, a *app, cfg *Config, args []string) erro
 	return r.write(ctx, w)
 }
 
-// replay puts the dead letters of one dead-letter topic back on their original topics.
+// replay puts the dead letters of one dead-letter topic back on their original topics: those in the
+// topic, then those the topic refused, which the worker kept in the table dead_letters.
 type replay struct {
 	dlqTopic string
 	suffix   string
@@ -112,20 +117,24 @@ type replay struct {
 	out      io.Writer
 	logger   *slog.Logger
 	client   *kafka.Client
+	stored   *deadletter.Store
 
-	// letters are the dead letters to replay, in partition and offset order.
+	// letters are the dead letters to replay: the topic's in partition and offset order, then the
+	// table's in the order they were stored.
 	letters []*deadLetter
-	// skipped counts the dead letters not replayed, by their dlq-reason or by what is wrong with their
-	// dlq-original-topic, as printed.
+	// skipped counts the dead letters not replayed, by their reason or by what is wrong with their
+	// original topic, as printed.
 	skipped map[string]int
 	// limited is true when reading stopped at the limit.
 	limited bool
 }
 
-// deadLetter is one message of the dead-letter topic, ready to be replayed.
+// deadLetter is one dead letter, ready to be replayed.
 type deadLetter struct {
+	// Where it is: a partition and offset of the dead-letter topic, or a row of dead_letters.
 	partition int
 	offset    int64
+	storedID  int64 // the row's id in dead_letters; 0 for a message of the topic
 	reason    string
 	message   kafka.Message // for the original topic: key, value and headers less the dlq-* ones
 	// idempotencyKey is the key the worker will read, for the output, or keyProblem why it has none.
@@ -244,41 +253,9 @@ func (r *replay) readPartition(ctx context.Context, partition int, first, end in
 	return nil
 }
 
-// take keeps rec for replay if it matches the reason and names a topic to replay to.
+// take keeps rec, a message of the dead-letter topic, for replay if it matches the reason and names
+// a topic to replay to.
 func (r *replay) take(ctx context.Context, partition int, rec *kafka.Record) error {
-	d := &deadLetter{partition: partition, offset: rec.Offset}
-	var target string
-	for _, h := range rec.Headers {
-		switch name := strings.ToLower(h.Key); {
-		case name == dlqReasonHeader:
-			d.reason = string(h.Value)
-		case name == dlqOriginalTopicHeader:
-			target = string(h.Value)
-		case !strings.HasPrefix(name, dlqHeaderPrefix):
-			d.message.Headers = append(d.message.Headers,
-				kafka.Header{Key: h.Key, Value: bytes.Clone(h.Value)})
-		}
-	}
-	if r.reason != "" && d.reason != r.reason {
-		r.skipped[displayedReason(d.reason)]++
-		return nil
-	}
-	log := r.logger.With(slog.String("dlq_topic", r.dlqTopic), slog.Int("partition", partition),
-		slog.Int64("offset", rec.Offset), slog.String("reason", d.reason))
-	switch {
-	case target == "":
-		r.skipped["(no dlq-original-topic)"]++
-		log.WarnContext(ctx, "skipped a dead letter without a dlq-original-topic header: where it came from is unknown")
-		return nil
-	case parseTopic(new(string), target) != nil:
-		r.skipped["(invalid dlq-original-topic)"]++
-		log.WarnContext(ctx, "skipped a dead letter whose dlq-original-topic is not a topic name",
-			slog.String("original_topic", strconv.Quote(target)))
-		return nil
-	case strings.HasSuffix(target, r.suffix):
-		return fmt.Errorf("%s/%d offset %d: its dlq-original-topic %q ends with DLQ_SUFFIX %q: refusing to replay "+
-			"into a dead-letter topic; nothing was replayed", r.dlqTopic, partition, rec.Offset, target, r.suffix)
-	}
 	key, err := protocol.ReadAll(rec.Key)
 	if err != nil {
 		return fmt.Errorf("read %s/%d offset %d: %w", r.dlqTopic, partition, rec.Offset, err)
@@ -287,13 +264,76 @@ func (r *replay) take(ctx context.Context, partition int, rec *kafka.Record) err
 	if err != nil {
 		return fmt.Errorf("read %s/%d offset %d: %w", r.dlqTopic, partition, rec.Offset, err)
 	}
-	d.message.Topic, d.message.Key, d.message.Value = target, key, value
+	letter, headers := deadletter.Read(rec.Headers)
+	d := &deadLetter{partition: partition, offset: rec.Offset, reason: string(letter.Reason),
+		message: kafka.Message{Topic: letter.Topic, Key: key, Value: value, Headers: headers}}
+	log := r.logger.With(slog.String("dlq_topic", r.dlqTopic), slog.Int("partition", partition),
+		slog.Int64("offset", rec.Offset), slog.String("reason", d.reason))
+	return r.keep(ctx, d, log)
+}
+
+// readStored reads the dead letters the dead-letter topic refused, which the worker kept in the
+// table dead_letters, and not replayed yet, keeping those to replay until the limit.
+func (r *replay) readStored(ctx context.Context) error {
+	if r.limited {
+		return nil
+	}
+	err := r.stored.Pending(ctx, r.dlqTopic, func(s deadletter.Stored) (bool, error) {
+		_, headers := deadletter.Read(s.Headers)
+		d := &deadLetter{storedID: s.ID, reason: string(s.Letter.Reason),
+			message: kafka.Message{Topic: s.Letter.Topic, Key: s.Key, Value: s.Value, Headers: headers}}
+		log := r.logger.With(slog.String("dlq_topic", r.dlqTopic), slog.Int64("dead_letters_id", s.ID),
+			slog.String("reason", d.reason))
+		err := r.keep(ctx, d, log)
+		return err == nil && !r.limited, err
+	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == sqlstateUndefinedTable {
+		return &settingError{name: "DATABASE_URL", err: errors.New(
+			"the database has no table dead_letters: it is not the worker's, or not migrated (worker migrate)")}
+	}
+	return err
+}
+
+// sqlstateUndefinedTable is Postgres's undefined_table.
+const sqlstateUndefinedTable = "42P01"
+
+// keep keeps d for replay if it matches the reason and names a topic to replay to.
+func (r *replay) keep(ctx context.Context, d *deadLetter, log *slog.Logger) error {
+	if r.reason != "" && d.reason != r.reason {
+		r.skipped[displayedReason(d.reason)]++
+		return nil
+	}
+	target := d.message.Topic
+	switch {
+	case target == "":
+		r.skipped["(no "+deadletter.HeaderOriginalTopic+")"]++
+		log.WarnContext(ctx, "skipped a dead letter without a "+deadletter.HeaderOriginalTopic+
+			" header: where it came from is unknown")
+		return nil
+	case parseTopic(new(string), target) != nil:
+		r.skipped["(invalid "+deadletter.HeaderOriginalTopic+")"]++
+		log.WarnContext(ctx, "skipped a dead letter whose "+deadletter.HeaderOriginalTopic+" is not a topic name",
+			slog.String("original_topic", strconv.Quote(target)))
+		return nil
+	case strings.HasSuffix(target, r.suffix):
+		return fmt.Errorf("%s: its %s %q ends with DLQ_SUFFIX %q: refusing to replay into a dead-letter topic; "+
+			"nothing was replayed", r.where(d), deadletter.HeaderOriginalTopic, target, r.suffix)
+	}
 	// The key the worker will read, for the output; never the Kafka message key, which for an SMS is
 	// a phone number.
 	d.idempotencyKey, d.keyProblem, _ = consumer.IdempotencyKey(d.message)
 	r.letters = append(r.letters, d)
 	r.limited = r.limit > 0 && len(r.letters) >= r.limit
 	return nil
+}
+
+// where names d's place, for errors: its partition and offset, or its row in dead_letters.
+func (r *replay) where(d *deadLetter) string {
+	if d.storedID != 0 {
+		return fmt.Sprintf("%s row %d of dead_letters", r.dlqTopic, d.storedID)
+	}
+	return fmt.Sprintf("%s/%d offset %d", r.dlqTopic, d.partition, d.offset)
 }
 
 // checkTargets fails when a topic to replay to does not exist: nothing is created, and nothing is
@@ -319,15 +359,16 @@ func (r *replay) checkTargets(ctx context.Context) error {
 	}
 	for _, t := range targets {
 		if !present[t] {
-			return fmt.Errorf("topic %q, the dlq-original-topic of %d dead letter(s), does not exist; nothing was replayed",
-				t, counts[t])
+			return fmt.Errorf("topic %q, the %s of %d dead letter(s), does not exist; nothing was replayed",
+				t, deadletter.HeaderOriginalTopic, counts[t])
 		}
 	}
 	return nil
 }
 
 // write produces the dead letters one at a time, each acknowledged before the next is written and
-// printed, so that what is printed is what was replayed.
+// printed, so that what is printed is what was replayed. A dead letter of the table is marked
+// replayed once written.
 func (r *replay) write(ctx context.Context, w *kafka.Writer) error {
 	for i, d := range r.letters {
 		if err := w.WriteMessages(ctx, d.message); err != nil {
@@ -335,9 +376,18 @@ func (r *replay) write(ctx context.Context, w *kafka.Writer) error {
 				r.printSummary("interrupted: replayed", i, "")
 				return ctx.Err()
 			}
-			r.printSummary("replayed", i, fmt.Sprintf("; failed at %s/%d offset %d", r.dlqTopic, d.partition, d.offset))
-			return fmt.Errorf("replay %s/%d offset %d to %s: %w (%d of %d replayed before it; it may or may not "+
-				"have been written)", r.dlqTopic, d.partition, d.offset, d.message.Topic, err, i, len(r.letters))
+			r.printSummary("replayed", i, "; failed at "+r.where(d))
+			return fmt.Errorf("replay %s to %s: %w (%d of %d replayed before it; it may or may not "+
+				"have been written)", r.where(d), d.message.Topic, err, i, len(r.letters))
+		}
+		if d.storedID != 0 {
+			// Written but not marked, it would be replayed again by the next run: the inbox skips a key
+			// applied before, so that does no harm, but it is reported.
+			if err := r.stored.MarkReplayed(context.WithoutCancel(ctx), d.storedID); err != nil {
+				r.printLetter("replayed", d)
+				r.printSummary("replayed", i+1, "; failed to mark "+r.where(d)+" replayed")
+				return fmt.Errorf("%w: it was replayed, and the next replay puts it back again", err)
+			}
 		}
 		r.printLetter("replayed", d)
 	}
@@ -350,8 +400,12 @@ func (r *replay) printLetter(verb string, d *deadLetter) {
 	if d.keyProblem != "" {
 		key = "(" + string(d.keyProblem) + ")"
 	}
-	fmt.Fprintf(r.out, "%s %s partition=%d offset=%d reason=%s to=%s key=%s\n", verb, r.dlqTopic,
-		d.partition, d.offset, displayedReason(d.reason), d.message.Topic, key)
+	place := fmt.Sprintf("partition=%d offset=%d", d.partition, d.offset)
+	if d.storedID != 0 {
+		place = fmt.Sprintf("dead_letters_id=%d", d.storedID)
+	}
+	fmt.Fprintf(r.out, "%s %s %s reason=%s to=%s key=%s\n", verb, r.dlqTopic, place,
+		displayedReason(d.reason), d.message.Topic, key)
 }
 
 // printSummary prints how many dead letters were replayed and how many skipped, by reason.
@@ -369,12 +423,21 @@ func (r *replay) printSummary(verb string, replayed int, note string) {
 	if r.limited {
 		note = fmt.Sprintf("; stopped at --limit %d", r.limit) + note
 	}
+	stored := 0
+	for _, d := range r.letters[:replayed] {
+		if d.storedID != 0 {
+			stored++
+		}
+	}
+	if stored > 0 {
+		note = fmt.Sprintf(" (%d of them from the table dead_letters)", stored) + note
+	}
 	fmt.Fprintf(r.out, "%s %d, skipped %s from %s%s\n", verb, replayed, skipped, r.dlqTopic, note)
 }
 
 func displayedReason(reason string) string {
 	if reason == "" {
-		return "(no dlq-reason)"
+		return "(no " + deadletter.HeaderReason + ")"
 	}
 	return displayed(reason)
 }

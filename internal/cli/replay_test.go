@@ -5,12 +5,17 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/inboxworker/inboxworker/internal/deadletter"
+	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
+	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
 
 const (
@@ -21,15 +26,17 @@ const (
 	replaySMSDLQ   = "notifications.sms.dlq"
 )
 
-// replayCluster is a broker with the worker's topics, two partitions each.
+// replayCluster is a broker with the worker's topics, two partitions each, and the worker's database.
 type replayCluster struct {
 	*kafkatest.Cluster
-	t *testing.T
+	t  *testing.T
+	db *pgtest.DB
 }
 
 func setupReplay(t *testing.T) *replayCluster {
 	t.Helper()
-	return &replayCluster{Cluster: kafkatest.Start(t, 2, replayPayments, replaySMS, replayV2, replayDLQ, replaySMSDLQ), t: t}
+	return &replayCluster{Cluster: kafkatest.Start(t, 2, replayPayments, replaySMS, replayV2, replayDLQ, replaySMSDLQ),
+		t: t, db: pgtest.Schema(t)}
 }
 
 // deadLetter writes msgs to partition 0 of topic, whatever their key, as a dead-letter topic may hold
@@ -58,7 +65,8 @@ func (c *replayCluster) read(topic string) []kafka.Message {
 // replay runs `worker replay` in-process against the cluster.
 func (c *replayCluster) replay(args ...string) result {
 	c.t.Helper()
-	env := map[string]string{"KAFKA_BROKERS": c.Addr, "STARTUP_TIMEOUT": "5s", "LOG_FORMAT": "text"}
+	env := map[string]string{"KAFKA_BROKERS": c.Addr, "DATABASE_URL": c.db.URL, "STARTUP_TIMEOUT": "5s",
+		"LOG_FORMAT": "text"}
 	r := runMain(c.t, env, append([]string{"replay"}, args...)...)
 	c.t.Logf("worker replay %s: exit %d\nstdout:\n%sstderr:\n%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
 	return r
@@ -67,18 +75,39 @@ func (c *replayCluster) replay(args ...string) result {
 // dead makes msg a dead letter of originalTopic ("" for none), as the consumer writes it: its own
 // headers, then the dlq-* ones.
 func dead(msg kafka.Message, reason, originalTopic string) kafka.Message {
-	h := slices.Clone(msg.Headers)
-	h = append(h, kafka.Header{Key: "dlq-reason", Value: []byte(reason)},
-		kafka.Header{Key: "dlq-error", Value: []byte("order not found")})
-	if originalTopic != "" {
-		h = append(h, kafka.Header{Key: "dlq-original-topic", Value: []byte(originalTopic)})
-	}
-	h = append(h, kafka.Header{Key: "dlq-original-partition", Value: []byte("1")},
-		kafka.Header{Key: "dlq-original-offset", Value: []byte("42")},
-		kafka.Header{Key: "dlq-attempts", Value: []byte("7")},
-		kafka.Header{Key: "dlq-failed-at", Value: []byte("2025-06-01T12:00:00Z")})
-	msg.Headers = h
+	letter := deadletter.Letter{Reason: fault.Reason(reason), Error: "order not found", Topic: originalTopic,
+		Partition: 1, Offset: 42, Attempts: 7, FailedAt: time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)}
+	msg.Headers = slices.DeleteFunc(letter.Headers(msg.Headers), func(h kafka.Header) bool {
+		return originalTopic == "" && h.Key == deadletter.HeaderOriginalTopic
+	})
 	return msg
+}
+
+// store keeps d, a dead letter (see dead), in the table dead_letters as one dlqTopic refused, as the
+// consumer does.
+func (c *replayCluster) store(dlqTopic string, d kafka.Message) int64 {
+	c.t.Helper()
+	letter, _ := deadletter.Read(d.Headers)
+	id, err := deadletter.NewStore(c.db.Pool).Save(context.Background(), deadletter.Stored{DLQTopic: dlqTopic,
+		Letter: letter, Key: d.Key, Value: d.Value, Headers: d.Headers, WriteError: "[10] Message Size Too Large"})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return id
+}
+
+// pending returns the Kafka keys of the dead letters of dlqTopic in the table not yet replayed.
+func (c *replayCluster) pending(dlqTopic string) []string {
+	c.t.Helper()
+	var out []string
+	err := deadletter.NewStore(c.db.Pool).Pending(context.Background(), dlqTopic, func(d deadletter.Stored) (bool, error) {
+		out = append(out, string(d.Key))
+		return true, nil
+	})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return out
 }
 
 func callback(eventID, orderNo string, headers ...string) kafka.Message {
@@ -186,7 +215,7 @@ func TestReplay(t *testing.T) {
 		t.Parallel()
 		c := setupReplay(t)
 		noReason := callback("evt-4", "C-4")
-		noReason.Headers = []kafka.Header{{Key: "dlq-original-topic", Value: []byte(replayPayments)}}
+		noReason.Headers = []kafka.Header{{Key: deadletter.HeaderOriginalTopic, Value: []byte(replayPayments)}}
 		c.deadLetter(replayDLQ,
 			dead(callback("evt-1", "C-1"), "unknown_order", replayPayments),
 			dead(callback("evt-2", "C-2"), "invalid_payload", replayPayments),
@@ -317,6 +346,102 @@ func TestReplay(t *testing.T) {
 	})
 }
 
+// TestReplayStored checks that replay takes the dead letters their topic refused, which the worker
+// kept in dead_letters, after the topic's: with --reason, --dry-run and --limit, each put back once.
+func TestReplayStored(t *testing.T) {
+	t.Parallel()
+
+	t.Run("AfterTheTopics", func(t *testing.T) {
+		t.Parallel()
+		c := setupReplay(t)
+		c.deadLetter(replayDLQ, dead(callback("evt-1", "S-1"), "unknown_order", replayPayments))
+		big := callback("evt-2", "S-2", "Idempotency-Key", "cb-s2", "traceparent", "00-trace")
+		id := c.store(replayDLQ, dead(big, "unknown_order", replayPayments))
+		c.store(replayDLQ, dead(callback("evt-3", "S-3"), "invalid_payload", replayPayments))
+		c.store(replaySMSDLQ, dead(callback("evt-4", "S-4"), "unknown_order", replaySMS))
+
+		r := c.replay(replayDLQ, "--reason", "unknown_order")
+		if r.code != 0 {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		got := c.read(replayPayments)
+		if keys := keys(got); !slices.Equal(keys, []string{"S-1", "S-2"}) {
+			t.Fatalf("replayed %v, want S-1 from the topic and S-2 from the table", keys)
+		}
+		i := slices.IndexFunc(got, func(m kafka.Message) bool { return string(m.Key) == "S-2" })
+		if m := got[i]; string(m.Value) != string(big.Value) || fmt.Sprint(headerList(m.Headers)) != fmt.Sprint(headerList(big.Headers)) {
+			t.Errorf("S-2 replayed as %s %v, want %s %v", m.Value, headerList(m.Headers), big.Value, headerList(big.Headers))
+		}
+		line := fmt.Sprintf("replayed %s dead_letters_id=%d reason=unknown_order to=%s key=cb-s2\n", replayDLQ, id, replayPayments)
+		if !strings.Contains(r.stdout, line) {
+			t.Errorf("stdout lacks %q", line)
+		}
+		want := "replayed 2, skipped 1 (invalid_payload 1) from " + replayDLQ + " (1 of them from the table dead_letters)\n"
+		if !strings.HasSuffix(r.stdout, want) {
+			t.Errorf("summary: want %q in\n%s", want, r.stdout)
+		}
+		if got := c.pending(replayDLQ); !slices.Equal(got, []string{"S-3"}) {
+			t.Errorf("pending in the table after the replay: %v, want only the invalid_payload one", got)
+		}
+		if got := c.pending(replaySMSDLQ); !slices.Equal(got, []string{"S-4"}) {
+			t.Errorf("the other dead-letter topic's row: pending %v, want it untouched", got)
+		}
+
+		// A row is replayed once; the topic's dead letters are there for good.
+		if r := c.replay(replayDLQ, "--reason", "unknown_order"); r.code != 0 {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		if keys := keys(c.read(replayPayments)); !slices.Equal(keys, []string{"S-1", "S-1", "S-2"}) {
+			t.Errorf("after a second replay %s holds %v, want S-1 twice and S-2 once", replayPayments, keys)
+		}
+	})
+
+	t.Run("DryRunAndLimit", func(t *testing.T) {
+		t.Parallel()
+		c := setupReplay(t)
+		c.deadLetter(replayDLQ, dead(callback("evt-1", "L-1"), "unknown_order", replayPayments))
+		first := c.store(replayDLQ, dead(callback("evt-2", "L-2"), "unknown_order", replayPayments))
+		c.store(replayDLQ, dead(callback("evt-3", "L-3"), "unknown_order", replayPayments))
+
+		r := c.replay(replayDLQ, "--dry-run", "--limit", "2")
+		want := fmt.Sprintf("would replay %s partition=0 offset=0 reason=unknown_order to=%s key=evt-1\n"+
+			"would replay %s dead_letters_id=%d reason=unknown_order to=%s key=evt-2\n"+
+			"dry run: would replay 2, skipped 0 from %s (1 of them from the table dead_letters); stopped at --limit 2\n",
+			replayDLQ, replayPayments, replayDLQ, first, replayPayments, replayDLQ)
+		if r.code != 0 || r.stdout != want {
+			t.Errorf("exit %d, stdout:\n%s\nwant:\n%s", r.code, r.stdout, want)
+		}
+		if got := c.read(replayPayments); len(got) != 0 {
+			t.Errorf("a dry run wrote %v", keys(got))
+		}
+		if got := c.pending(replayDLQ); len(got) != 2 {
+			t.Errorf("a dry run marked rows replayed: pending %v", got)
+		}
+
+		if r := c.replay(replayDLQ, "--limit", "2"); r.code != 0 {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		if got := keys(c.read(replayPayments)); !slices.Equal(got, []string{"L-1", "L-2"}) {
+			t.Errorf("replayed %v, want L-1 and L-2", got)
+		}
+		if got := c.pending(replayDLQ); !slices.Equal(got, []string{"L-3"}) {
+			t.Errorf("pending %v, want L-3, beyond the limit", got)
+		}
+	})
+
+	t.Run("LoopIntoDeadLetterTopic", func(t *testing.T) {
+		t.Parallel()
+		c := setupReplay(t)
+		id := c.store(replayDLQ, dead(callback("evt-1", "M-1"), "unknown_order", replaySMSDLQ))
+		r := c.replay(replayDLQ)
+		want := fmt.Sprintf(`worker: %s row %d of dead_letters: its dlq-original-topic "%s" ends with DLQ_SUFFIX ".dlq": `+
+			"refusing to replay into a dead-letter topic; nothing was replayed\n", replayDLQ, id, replaySMSDLQ)
+		if r.code != 1 || !strings.HasSuffix(r.stderr, want) {
+			t.Errorf("exit %d, stderr:\n%s\nwant it to end with %q", r.code, r.stderr, want)
+		}
+	})
+}
+
 // TestReplayRefuses checks the errors that stop a replay before anything is written: exit 1 and one
 // line naming the problem.
 func TestReplayRefuses(t *testing.T) {
@@ -393,8 +518,8 @@ func TestReplayArgumentErrors(t *testing.T) {
 			`worker: --limit: must be a positive number, got "0"`},
 		{"LimitNotANumber", nil, []string{"replay", "a.dlq", "--limit=all"},
 			`worker: --limit: must be a positive number, got "all"`},
-		{"FlagOfAnotherCommand", nil, []string{"replay", "a.dlq", "--database-url=postgres://db/x"},
-			`worker: unknown flag --database-url (see worker replay --help)`},
+		{"FlagOfAnotherCommand", nil, []string{"replay", "a.dlq", "--kafka-group-id=x"},
+			`worker: unknown flag --kafka-group-id (see worker replay --help)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -414,12 +539,13 @@ func TestReplayHelp(t *testing.T) {
 		t.Fatalf("exit %d", r.code)
 	}
 	for _, want := range []string{"Usage: worker replay [flags] DLQ_TOPIC", "--dry-run", "--reason REASON",
-		"--limit N", "--kafka-brokers LIST", "--dlq-suffix SUFFIX", "replaying twice puts a message back"} {
+		"--limit N", "--kafka-brokers LIST", "--dlq-suffix SUFFIX", "--database-url URL", "dead_letters",
+		"replaying twice puts a message back"} {
 		if !strings.Contains(strings.Join(strings.Fields(r.stdout), " "), want) {
 			t.Errorf("worker replay --help lacks %q:\n%s", want, r.stdout)
 		}
 	}
-	for _, unwanted := range []string{"--database-url", "--kafka-group-id"} {
+	for _, unwanted := range []string{"--kafka-group-id", "--http-addr"} {
 		if strings.Contains(r.stdout, unwanted) {
 			t.Errorf("worker replay --help offers %s, which it does not use", unwanted)
 		}
@@ -433,4 +559,57 @@ func headerList(headers []kafka.Header) []string {
 		out = append(out, h.Key+"="+string(h.Value))
 	}
 	return out
+}
+
+// TestReplayStopsAtEndOffsets writes more dead letters while the replay reads the dead-letter topic,
+// held at its first fetch: the replay puts back only those up to the end offsets it saw at its
+// start, not the ones that arrived after.
+func TestReplayStopsAtEndOffsets(t *testing.T) {
+	t.Parallel()
+	c := setupReplay(t)
+	letter := func(orderNo string) kafka.Message {
+		return dead(callback("evt-"+orderNo, orderNo), "unknown_order", replayPayments)
+	}
+	c.deadLetter(replayDLQ, letter("E-1"), letter("E-2"))
+
+	var once sync.Once
+	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		once.Do(func() {
+			// Written by another connection while this fetch sleeps: the fetch then finds them.
+			written := make(chan struct{})
+			go func() {
+				defer close(written)
+				if err := writeAll(c.Addr, replayDLQ, letter("LATE-1"), letter("LATE-2")); err != nil {
+					t.Errorf("write the late dead letters: %v", err)
+				}
+			}()
+			c.SleepControl(func() { <-written })
+		})
+		return nil, nil, false
+	})
+
+	r := c.replay(replayDLQ)
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	if got := len(c.read(replayDLQ)); got != 4 {
+		t.Fatalf("%d dead letters, want 4: the late ones were not written during the replay", got)
+	}
+	if got := keys(c.read(replayPayments)); !slices.Equal(got, []string{"E-1", "E-2"}) {
+		t.Errorf("replayed %v, want only E-1 and E-2, the dead letters there when the replay started", got)
+	}
+}
+
+// writeAll writes msgs to partition 0 of topic, from a goroutine other than the test's.
+func writeAll(addr, topic string, msgs ...kafka.Message) error {
+	transport := &kafka.Transport{}
+	defer transport.CloseIdleConnections()
+	w := &kafka.Writer{Addr: kafka.TCP(addr), Transport: transport, Topic: topic,
+		Balancer:     kafka.BalancerFunc(func(kafka.Message, ...int) int { return 0 }),
+		RequiredAcks: kafka.RequireAll, BatchSize: len(msgs), BatchTimeout: time.Millisecond}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return w.WriteMessages(ctx, msgs...)
 }

@@ -57,15 +57,16 @@ type workerOptions struct {
 // worker is the assembled process: a database pool, the inbox, the handlers behind the consumer,
 // and the HTTP endpoints.
 type worker struct {
-	cfg      *Config
-	logger   *slog.Logger
-	pool     *pgxpool.Pool
-	store    *inbox.Store
-	consumer *consumer.Consumer
-	registry *prometheus.Registry
-	metrics  *consumer.Metrics
-	parked   *consumer.ParkMetrics
-	ops      *opsServer
+	cfg       *Config
+	logger    *slog.Logger
+	pool      *pgxpool.Pool
+	store     *inbox.Store
+	consumer  *consumer.Consumer
+	registry  *prometheus.Registry
+	metrics   *consumer.Metrics
+	anomalies *anomalyGauge
+	parked    *consumer.ParkMetrics
+	ops       *opsServer
 }
 
 // newWorker connects to Postgres and Kafka (waiting up to STARTUP_TIMEOUT for each), migrates, and
@@ -85,6 +86,11 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 	)
 	w.metrics = consumer.NewMetrics(w.registry)
 	w.parked = consumer.NewParkMetrics(w.registry, cfg.TopicPayments, cfg.TopicSMS)
+	w.anomalies = newAnomalyGauge(w.registry)
+	w.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "inboxworker_ready",
+		Help: "1 when the instance is ready (what /readyz answers with 200: Postgres answers, the consumer has joined its group, not stopping), else 0.",
+	}, w.readyValue))
 	// The port is taken first, so that a port in use is reported before anything else is done.
 	// Requests wait in the listen queue until run serves them, when every part is built.
 	if opts.serveHTTP {
@@ -150,6 +156,7 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 		},
 		BatchSize:       cfg.BatchSize,
 		BatchWait:       cfg.BatchWait,
+		LagInterval:     cfg.LagInterval,
 		ShutdownTimeout: drainTimeout(cfg.ShutdownTimeout),
 		Pool:            w.pool,
 		Store:           w.store,
@@ -196,6 +203,19 @@ func (w *worker) ready(ctx context.Context) error {
 	return nil
 }
 
+// readyValue is the inboxworker_ready gauge, read at each scrape: /readyz as a metric, for alerts.
+func (w *worker) readyValue() float64 {
+	if w.pool == nil || w.consumer == nil || (w.ops != nil && w.ops.stopping.Load()) {
+		return 0 // still starting, or stopping
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if w.ready(ctx) != nil {
+		return 0
+	}
+	return 1
+}
+
 // run consumes until ctx is cancelled, then shuts down within SHUTDOWN_TIMEOUT and releases
 // everything. It returns nil after a clean stop.
 func (w *worker) run(ctx context.Context) (err error) {
@@ -209,6 +229,7 @@ func (w *worker) run(ctx context.Context) (err error) {
 	}
 	purgeCtx, stopPurge := context.WithCancel(ctx)
 	wg.Go(func() { w.store.RunPurger(purgeCtx, purgeInterval) })
+	wg.Go(func() { w.anomalies.run(purgeCtx, w.pool, w.logger) })
 	stuck := false
 	defer func() {
 		stopPurge()

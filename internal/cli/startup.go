@@ -133,7 +133,7 @@ func newKafkaAdmin(cfg *Config) (*kafkaAdmin, error) {
 func (k *kafkaAdmin) Close() { k.transport.CloseIdleConnections() }
 
 // checkKafka waits up to STARTUP_TIMEOUT for the brokers to answer, then warns about each topic that
-// does not exist and each inbox retention shorter than its topic's retention.
+// does not exist, and settles the inbox retentions against the topics' (settleRetention).
 func checkKafka(ctx context.Context, cfg *Config, logger *slog.Logger) error {
 	admin, err := newKafkaAdmin(cfg)
 	if err != nil {
@@ -160,7 +160,7 @@ func checkKafka(ctx context.Context, cfg *Config, logger *slog.Logger) error {
 		logger.WarnContext(ctx, "topic does not exist (yet): the worker consumes it once it is created",
 			slog.String("topic", t))
 	}
-	checkRetention(ctx, cfg, logger, admin, existing)
+	settleRetention(ctx, cfg, logger, admin, existing)
 	return nil
 }
 
@@ -169,11 +169,15 @@ func checkKafka(ctx context.Context, cfg *Config, logger *slog.Logger) error {
 func waitForKafka(ctx context.Context, cfg *Config, logger *slog.Logger, admin *kafkaAdmin,
 	topics []string) (*kafka.MetadataResponse, error) {
 	var meta *kafka.MetadataResponse
+	hungUp := false // by any attempt: the last one may only have run out of time
 	err := waitFor(ctx, cfg.StartupTimeout, logger, "Kafka", func(ctx context.Context) error {
 		var err error
 		meta, err = admin.client.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
 		if errors.Is(err, kafka.SASLAuthenticationFailed) || errors.Is(err, kafka.UnsupportedSASLMechanism) {
 			return giveUp{err}
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			hungUp = true
 		}
 		return err
 	})
@@ -187,7 +191,7 @@ func waitForKafka(ctx context.Context, cfg *Config, logger *slog.Logger, admin *
 			return nil, ctx.Err()
 		}
 		var hint string
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		if hungUp {
 			// A broker that does not like a client's TLS or SASL often just hangs up.
 			hint = " (the brokers hung up: check KAFKA_TLS, KAFKA_SASL_MECHANISM, KAFKA_USERNAME and KAFKA_PASSWORD)"
 		}
@@ -199,60 +203,145 @@ func waitForKafka(ctx context.Context, cfg *Config, logger *slog.Logger, admin *
 
 const retentionWarning = "inbox retention is shorter than the topic's retention"
 
-// checkRetention warns when an inbox forgets keys sooner than Kafka forgets messages: a message
-// redelivered after its key was purged (a consumer group reset to the earliest offset, say) would
-// be applied twice. A failure to read the topic configuration is logged and otherwise ignored.
-func checkRetention(ctx context.Context, cfg *Config, logger *slog.Logger, admin *kafkaAdmin, topics []string) {
-	if len(topics) == 0 {
-		return
+// Kafka's defaults for a topic (log.retention.hours = 168, log.roll.hours = 168), assumed for a
+// topic whose configuration cannot be read: one created later gets them unless told otherwise.
+const (
+	kafkaDefaultRetention = 7 * 24 * time.Hour
+	kafkaDefaultSegment   = 7 * 24 * time.Hour
+)
+
+// retentionMargin covers what the topic's settings do not: the broker deletes expired segments on
+// a timer (log.retention.check.interval.ms, 5 minutes by default), and clocks differ.
+const retentionMargin = time.Hour
+
+// foreverRetention is the default inbox retention for a topic that keeps messages forever
+// (retention.ms = -1). No finite retention is long enough there; keeping every key forever would
+// grow the inbox without bound. 30 days covers any redelivery but a reset of the group to the
+// earliest offset, which a warning at start names.
+const foreverRetention = 30 * 24 * time.Hour
+
+// topicRetention is how long a topic can hand out a message: Kafka deletes a segment only once its
+// newest message is older than retention.ms, and a segment takes new messages for up to segment.ms,
+// so a message can be read up to retention.ms + segment.ms after it was written.
+type topicRetention struct {
+	retention, segment time.Duration
+	forever            bool // retention.ms = -1 (or beyond a century)
+}
+
+func (t topicRetention) readable() time.Duration { return t.retention + t.segment }
+
+func (t topicRetention) retentionText() string {
+	if t.forever {
+		return "forever"
 	}
-	inboxRetention := map[string]struct {
-		setting string
-		d       time.Duration
+	return t.retention.String()
+}
+
+// settleRetention makes each inbox remember keys at least as long as its topic can redeliver their
+// messages: a message Kafka hands out again after its key was purged (a consumer group reset to the
+// earliest offset, say) would be applied twice. An unset INBOX_RETENTION_* becomes the topic's
+// retention.ms + segment.ms + retentionMargin, read now; for a topic that keeps messages forever,
+// foreverRetention with a warning; for a topic whose configuration cannot be read (not created yet,
+// or no permission to describe it), what Kafka's defaults would give, with a warning. A setting
+// given explicitly wins, with a warning when it is shorter than what the topic can redeliver.
+// Each topic gets one info line saying which retention its inbox uses and why.
+func settleRetention(ctx context.Context, cfg *Config, logger *slog.Logger, admin *kafkaAdmin, existing []string) {
+	read := readTopicRetention(ctx, logger, admin, existing)
+	for _, r := range []struct {
+		topic, setting string
+		d              *time.Duration
 	}{
-		cfg.TopicPayments: {"INBOX_RETENTION_PAYMENTS", cfg.InboxRetentionPayments},
-		cfg.TopicSMS:      {"INBOX_RETENTION_SMS", cfg.InboxRetentionSMS},
+		{cfg.TopicPayments, "INBOX_RETENTION_PAYMENTS", &cfg.InboxRetentionPayments},
+		{cfg.TopicSMS, "INBOX_RETENTION_SMS", &cfg.InboxRetentionSMS},
+	} {
+		topic, known := read[r.topic]
+		source := "topic"
+		if !known {
+			topic, source = topicRetention{retention: kafkaDefaultRetention, segment: kafkaDefaultSegment}, "kafka defaults"
+		}
+		switch {
+		case *r.d != 0:
+			source = "setting"
+		case topic.forever:
+			*r.d = foreverRetention
+		default:
+			*r.d = topic.readable() + retentionMargin
+		}
+		attrs := []any{slog.String("topic", r.topic), slog.String("setting", r.setting),
+			slog.String("inbox_retention", r.d.String()), slog.String("topic_retention", topic.retentionText()),
+			slog.String("segment", topic.segment.String()), slog.String("source", source)}
+		logger.InfoContext(ctx, "inbox retention", attrs...)
+		if known && (topic.forever || *r.d < topic.readable()) {
+			fix := "raise " + r.setting + " to at least the topic's retention.ms + segment.ms, or lower them"
+			if topic.forever {
+				fix = "set a retention.ms on the topic; until then, never reset the group to the earliest offset"
+			}
+			logger.WarnContext(ctx, retentionWarning, append(attrs,
+				slog.String("why", "a message Kafka redelivers after its key is purged would be applied again; "+fix))...)
+		}
+	}
+}
+
+// readTopicRetention returns the retention of each of topics whose configuration could be read.
+func readTopicRetention(ctx context.Context, logger *slog.Logger, admin *kafkaAdmin, topics []string) map[string]topicRetention {
+	out := map[string]topicRetention{}
+	if len(topics) == 0 {
+		return out
 	}
 	req := &kafka.DescribeConfigsRequest{}
 	for _, t := range topics {
 		req.Resources = append(req.Resources, kafka.DescribeConfigRequestResource{
-			ResourceType: kafka.ResourceTypeTopic, ResourceName: t, ConfigNames: []string{"retention.ms"}})
+			ResourceType: kafka.ResourceTypeTopic, ResourceName: t, ConfigNames: []string{"retention.ms", "segment.ms"}})
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	resp, err := admin.client.DescribeConfigs(ctx, req)
 	if err != nil {
-		logger.WarnContext(ctx, "could not read the topics' retention.ms", slog.String("err", err.Error()))
-		return
+		logger.WarnContext(ctx, "could not read the topics' retention.ms; assuming Kafka's defaults",
+			slog.String("err", err.Error()))
+		return out
 	}
 	for _, r := range resp.Resources {
 		if r.Error != nil {
-			logger.WarnContext(ctx, "could not read the topic's retention.ms", slog.String("topic", r.ResourceName),
-				slog.String("err", r.Error.Error()))
+			logger.WarnContext(ctx, "could not read the topic's retention.ms; assuming Kafka's defaults",
+				slog.String("topic", r.ResourceName), slog.String("err", r.Error.Error()))
 			continue
 		}
+		t := topicRetention{segment: kafkaDefaultSegment}
+		found := false
 		for _, e := range r.ConfigEntries {
-			if e.ConfigName != "retention.ms" {
-				continue
-			}
-			ms, err := strconv.ParseInt(e.ConfigValue, 10, 64)
+			d, forever, err := parseMillis(e.ConfigValue)
 			if err != nil {
 				continue
 			}
-			inbox := inboxRetention[r.ResourceName]
-			topicRetention := time.Duration(ms) * time.Millisecond
-			if ms >= 0 && inbox.d >= topicRetention {
-				continue
+			switch e.ConfigName {
+			case "retention.ms":
+				t.retention, t.forever, found = d, forever, true
+			case "segment.ms":
+				if !forever {
+					t.segment = d
+				}
 			}
-			kept := topicRetention.String()
-			if ms < 0 {
-				kept = "forever"
-			}
-			logger.WarnContext(ctx, retentionWarning,
-				slog.String("topic", r.ResourceName), slog.String("topic_retention", kept),
-				slog.String("setting", inbox.setting), slog.String("inbox_retention", inbox.d.String()),
-				slog.String("why", "a message Kafka redelivers after its key is purged would be applied again; "+
-					"raise "+inbox.setting+" to at least the topic's retention.ms, or lower retention.ms"))
 		}
+		if !found {
+			logger.WarnContext(ctx, "the topic's configuration has no retention.ms; assuming Kafka's defaults",
+				slog.String("topic", r.ResourceName))
+			continue
+		}
+		out[r.ResourceName] = t
 	}
+	return out
+}
+
+// parseMillis parses a Kafka duration in milliseconds; -1, or more than a century, is forever.
+func parseMillis(v string) (d time.Duration, forever bool, err error) {
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, false, err
+	}
+	const century = 100 * 365 * 24 * time.Hour
+	if ms < 0 || ms > century.Milliseconds() {
+		return 0, true, nil
+	}
+	return time.Duration(ms) * time.Millisecond, false, nil
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -102,8 +103,9 @@ type Route struct {
 	Topic string
 	// Name is the handler's name in the inbox ("payments", "sms"): keys are unique per name. Required.
 	Name string
-	// Handler applies the topic's messages. Required.
-	Handler Handler
+	// Handler applies the topic's messages: a Handler (a BatchHandler among them) or a CallHandler.
+	// Required.
+	Handler any
 }
 
 // Retry configures the backoff for retryable errors.
@@ -149,7 +151,8 @@ type Config struct {
 	// ShutdownTimeout is how long Run lets in-flight messages finish once its context is cancelled;
 	// then their work is cancelled and rolled back. Defaults to 30s.
 	ShutdownTimeout time.Duration
-	// LagInterval is how often the consumer_lag metric is refreshed. Defaults to 5s.
+	// LagInterval is how often the consumer_lag and consumer_stalled_seconds metrics of every
+	// partition of the routes' topics are refreshed. Defaults to 5s.
 	LagInterval time.Duration
 	// Pool reaches the migrated database. Required.
 	Pool *pgxpool.Pool
@@ -189,6 +192,9 @@ type Consumer struct {
 	transport *kafka.Transport // for the dead-letter writer and the lag client
 	dlq       *kafka.Writer
 	lag       *lagReporter
+
+	// deadLetters keeps the dead letters their topic refused for good.
+	deadLetters *deadletter.Store
 
 	started atomic.Bool
 	ready   atomic.Bool
@@ -230,7 +236,9 @@ func New(config Config) (*Consumer, error) {
 		c.routes[r.Topic] = r
 	}
 	c.dlq = c.newDeadLetterWriter()
+	c.deadLetters = deadletter.NewStore(config.Pool)
 	c.lag = newLagReporter(c)
+	c.metrics.initSeries(c.topics())
 	return c, nil
 }
 
@@ -250,6 +258,8 @@ func (config *Config) validate() error {
 			return fmt.Errorf("Config.Routes[%d].Name is required", i)
 		case r.Handler == nil:
 			return fmt.Errorf("Config.Routes[%d].Handler is required", i)
+		case !isHandler(r.Handler):
+			return fmt.Errorf("Config.Routes[%d].Handler is a %T, neither a Handler nor a CallHandler", i, r.Handler)
 		case topics[r.Topic]:
 			return fmt.Errorf("Config.Routes[%d].Topic %q is routed twice", i, r.Topic)
 		}

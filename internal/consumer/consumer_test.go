@@ -2,19 +2,20 @@ package consumer_test
 
 import (
 	"errors"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/testlog"
@@ -56,6 +57,8 @@ func TestRetry(t *testing.T) {
 		wantApplied bool
 		wantReason  fault.Reason
 		wantError   string
+		// wantRetries is how many retries are counted and logged; -1 for at least one (a retry
+		// budget running out).
 		wantRetries float64
 	}{
 		{
@@ -76,24 +79,34 @@ func TestRetry(t *testing.T) {
 			wantError:  "boom",
 		},
 		{
+			name: "LongError",
+			fail: func(int) error {
+				return fault.Permanent(fault.InvalidPayload, errors.New(strings.Repeat("boom ", 20000)))
+			},
+			wantReason: fault.InvalidPayload,
+			wantError:  "boom boom",
+		},
+		{
 			name:       "Unclassified",
 			fail:       func(int) error { return errBoom },
 			wantReason: fault.HandlerError,
 			wantError:  "boom",
 		},
 		{
-			name:       "RetriesExhausted",
-			fail:       func(int) error { return fault.Retryable(errBoom) },
-			maxElapsed: 100 * time.Millisecond,
-			wantReason: fault.RetriesExhausted,
-			wantError:  "boom",
+			name:        "RetriesExhausted",
+			wantRetries: -1,
+			fail:        func(int) error { return fault.Retryable(errBoom) },
+			maxElapsed:  100 * time.Millisecond,
+			wantReason:  fault.RetriesExhausted,
+			wantError:   "boom",
 		},
 		{
-			name:       "RetriesExhaustedWithReason",
-			fail:       func(int) error { return fault.RetryableUntil(fault.UnknownOrder, errBoom) },
-			maxElapsed: 100 * time.Millisecond,
-			wantReason: fault.UnknownOrder,
-			wantError:  "boom",
+			name:        "RetriesExhaustedWithReason",
+			wantRetries: -1,
+			fail:        func(int) error { return fault.RetryableUntil(fault.UnknownOrder, errBoom) },
+			maxElapsed:  100 * time.Millisecond,
+			wantReason:  fault.UnknownOrder,
+			wantError:   "boom",
 		},
 		{
 			name:       "Panic",
@@ -107,8 +120,10 @@ func TestRetry(t *testing.T) {
 			t.Parallel()
 			forEachMode(t, func(t *testing.T, mode consumer.Transactions) {
 				e := setup(t, mode, 1)
+				var runs atomic.Int64 // the handler's runs for the first message
 				config := e.config(&recorder{fail: func(d inbox.Delivery) error {
 					if d.Key == "first" {
+						runs.Add(1)
 						return tt.fail(d.Attempt)
 					}
 					return nil
@@ -130,9 +145,11 @@ func TestRetry(t *testing.T) {
 				if effects["second"] != 1 {
 					t.Errorf("the next message was applied %d times, want once", effects["second"])
 				}
-				if got := testutil.ToFloat64(config.Metrics.Retries.WithLabelValues(topic)); tt.wantRetries > 0 && got != tt.wantRetries {
-					t.Errorf("retries = %v, want %v", got, tt.wantRetries)
+				retries := testutil.ToFloat64(config.Metrics.Retries.WithLabelValues(topic))
+				if tt.wantRetries >= 0 && retries != tt.wantRetries || tt.wantRetries < 0 && retries < 1 {
+					t.Errorf("retries = %v, want %v (-1: at least one)", retries, tt.wantRetries)
 				}
+				checkRetryLogs(t, e, "first", int(retries))
 				if tt.wantApplied {
 					if effects["first"] != 1 || outcomes(config, "applied") != 2 {
 						t.Errorf("first applied %d times (applied outcomes %v), want once (2)", effects["first"], outcomes(config, "applied"))
@@ -151,6 +168,12 @@ func TestRetry(t *testing.T) {
 					t.Fatalf("%d dead letters, want 1", len(dead))
 				}
 				checkDeadLetter(t, dead[0], original, tt.wantReason, tt.wantError)
+				if n := len(header(dead[0], "dlq-error")); n > 8<<10 {
+					t.Errorf("dlq-error is %d bytes long, want it bounded (at most 8 KiB)", n)
+				}
+				if got := header(dead[0], "dlq-attempts"); got != strconv.FormatInt(runs.Load(), 10) {
+					t.Errorf("dlq-attempts = %q, the handler ran %d times", got, runs.Load())
+				}
 			})
 		})
 	}
@@ -194,11 +217,43 @@ func TestRetryAfter(t *testing.T) {
 		if effects := e.effects(); effects["throttled"] != 1 || effects["after"] != 1 || effects["tomorrow"] != 0 {
 			t.Errorf("effects = %v, want throttled and after once, tomorrow never", effects)
 		}
+		// The delay the worker decided, as it logged it: the Retry-After, not the backoff's 1ms.
+		if got := testutil.ToFloat64(config.Metrics.Retries.WithLabelValues(topic)); got != 1 {
+			t.Errorf("retries = %v, want 1 (the throttled message's)", got)
+		}
+		checkRetryLogs(t, e, "throttled", 1)
+		checkRetryLogs(t, e, "tomorrow", 0)
+		if logs := e.retryLogs("throttled"); len(logs) == 1 && logs[0].Attrs["delay"].Duration() < retryAfter {
+			t.Errorf("the throttled message's retry was logged with delay %v, want at least its Retry-After %v",
+				logs[0].Attrs["delay"], retryAfter)
+		}
 		dead := e.deadLetters()
-		if len(dead) != 1 || header(dead[0], "dlq-reason") != string(fault.RetriesExhausted) {
+		if len(dead) != 1 || header(dead[0], deadletter.HeaderReason) != string(fault.RetriesExhausted) {
 			t.Fatalf("dead letters %v, want the message asking for a day, as retries_exhausted", dead)
 		}
+		if got, want := header(dead[0], "dlq-attempts"), strconv.Itoa(len(attempts["tomorrow"])); got != want {
+			t.Errorf("dlq-attempts = %q, the handler ran %s times", got, want)
+		}
 	})
+}
+
+// checkRetryLogs checks that each of the n retries of the message whose idempotency key is key was
+// logged with its attempt (1, 2, … in order) and a positive delay.
+func checkRetryLogs(t *testing.T, e *env, key string, n int) {
+	t.Helper()
+	logs := e.retryLogs(key)
+	if len(logs) != n {
+		t.Errorf("%d retries of %s logged with attempt and delay, want %d", len(logs), key, n)
+	}
+	for i, r := range logs {
+		if delay := r.Attrs["delay"]; delay.Kind() != slog.KindDuration || delay.Duration() <= 0 {
+			t.Errorf("retry %d of %s logged with delay %v, want a positive duration", i+1, key, delay)
+		}
+		if i > 0 && r.Attrs["attempt"].Int64() <= logs[i-1].Attrs["attempt"].Int64() {
+			t.Errorf("retries of %s logged with attempts %v then %v, want them rising", key,
+				logs[i-1].Attrs["attempt"], r.Attrs["attempt"])
+		}
+	}
 }
 
 // checkDeadLetter checks every header of a dead letter of the first message of a partition.
@@ -213,25 +268,25 @@ func checkDeadLetter(t *testing.T, got, original kafka.Message, reason fault.Rea
 		}
 	}
 	want := map[string]string{
-		"dlq-reason":             string(reason),
-		"dlq-original-topic":     topic,
-		"dlq-original-partition": "0",
-		"dlq-original-offset":    "0",
+		deadletter.HeaderReason:            string(reason),
+		deadletter.HeaderOriginalTopic:     topic,
+		deadletter.HeaderOriginalPartition: "0",
+		deadletter.HeaderOriginalOffset:    "0",
 	}
 	for k, v := range want {
 		if header(got, k) != v {
 			t.Errorf("header %s = %q, want %q", k, header(got, k), v)
 		}
 	}
-	if !strings.Contains(header(got, "dlq-error"), errText) {
-		t.Errorf("header dlq-error = %q, want it to contain %q", header(got, "dlq-error"), errText)
+	if !strings.Contains(header(got, deadletter.HeaderError), errText) {
+		t.Errorf("header dlq-error = %q, want it to contain %q", header(got, deadletter.HeaderError), errText)
 	}
-	if n, err := strconv.Atoi(header(got, "dlq-attempts")); err != nil || n < 1 {
-		t.Errorf("header dlq-attempts = %q, want a positive count", header(got, "dlq-attempts"))
+	if n, err := strconv.Atoi(header(got, deadletter.HeaderAttempts)); err != nil || n < 1 {
+		t.Errorf("header dlq-attempts = %q, want a positive count", header(got, deadletter.HeaderAttempts))
 	}
-	at, err := time.Parse(time.RFC3339, header(got, "dlq-failed-at"))
+	at, err := time.Parse(time.RFC3339, header(got, deadletter.HeaderFailedAt))
 	if err != nil || time.Since(at) > time.Hour || time.Since(at) < -time.Minute {
-		t.Errorf("header dlq-failed-at = %q (%v), want the RFC 3339 time of the failure", header(got, "dlq-failed-at"), err)
+		t.Errorf("header dlq-failed-at = %q (%v), want the RFC 3339 time of the failure", header(got, deadletter.HeaderFailedAt), err)
 	}
 }
 
@@ -263,7 +318,16 @@ func testBadKeys(t *testing.T, mode consumer.Transactions) {
 
 	var got []fault.Reason
 	for _, m := range e.deadLetters() {
-		got = append(got, fault.Reason(header(m, "dlq-reason")))
+		reason := header(m, deadletter.HeaderReason)
+		got = append(got, fault.Reason(reason))
+		// No handler ran for a bad key: it is caught before. (A reused key is caught by the claim,
+		// which the consumer counts as an attempt, though the handler did not run: not checked.)
+		if n := header(m, deadletter.HeaderAttempts); reason != string(fault.IdempotencyKeyReused) && n != "0" {
+			t.Errorf("%s: dlq-attempts = %q, want 0: no handler ran", reason, n)
+		}
+	}
+	if got := testutil.ToFloat64(config.Metrics.Retries.WithLabelValues(topic)); got != 0 {
+		t.Errorf("retries = %v, want none", got)
 	}
 	var want []fault.Reason
 	for _, r := range wantReasons {
@@ -373,75 +437,4 @@ func TestNewValidates(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestIdempotencyKey(t *testing.T) {
-	t.Parallel()
-	for _, tt := range keyTests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			key, reason, err := consumer.IdempotencyKey(tt.msg)
-			if key != tt.wantKey || reason != tt.wantReason || (err != nil) != (tt.wantReason != "") {
-				t.Errorf("IdempotencyKey() = %q, %q, %v; want %q, %q", key, reason, err, tt.wantKey, tt.wantReason)
-			}
-		})
-	}
-}
-
-var keyTests = []struct {
-	name       string
-	msg        kafka.Message
-	wantKey    string
-	wantReason fault.Reason
-}{
-	{"Header", msgWith(`{"event_id":"e"}`, "Idempotency-Key", "h"), "h", ""},
-	{"HeaderAnyCase", msgWith(`{}`, "idempotency-key", "h"), "h", ""},
-	{"FallbackHeader", msgWith(`{"event_id":"e"}`, "X-Idempotent-Key", "x"), "x", ""},
-	{"HeaderFirst", kafka.Message{Value: []byte(`{}`), Headers: []kafka.Header{
-		{Key: "X-Idempotent-Key", Value: []byte("x")}, {Key: "Idempotency-Key", Value: []byte("h")}}}, "h", ""},
-	{"EventID", msgWith(`{"event_id":"e-1"}`, "", ""), "e-1", ""},
-	{"Unicode", msgWith(`{"event_id":"订单-1"}`, "", ""), "订单-1", ""},
-	{"Longest", msgWith(`{}`, "Idempotency-Key", strings.Repeat("é", 255)), strings.Repeat("é", 255), ""},
-	{"None", msgWith(`{"id":"e"}`, "", ""), "", fault.MissingIdempotencyKey},
-	{"NullEventID", msgWith(`{"event_id":null}`, "", ""), "", fault.MissingIdempotencyKey},
-	{"NotJSON", msgWith(`event_id=e`, "", ""), "", fault.MissingIdempotencyKey},
-	{"EmptyValue", msgWith(``, "", ""), "", fault.MissingIdempotencyKey},
-	{"NumberEventID", msgWith(`{"event_id":42}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"EmptyEventID", msgWith(`{"event_id":""}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"EmptyHeader", msgWith(`{"event_id":"e"}`, "Idempotency-Key", ""), "", fault.InvalidIdempotencyKey},
-	{"TooLong", msgWith(`{}`, "Idempotency-Key", strings.Repeat("k", 256)), "", fault.InvalidIdempotencyKey},
-	{"ControlChar", msgWith(`{}`, "Idempotency-Key", "a\nb"), "", fault.InvalidIdempotencyKey},
-	{"C1Control", msgWith(`{}`, "Idempotency-Key", "a\u0085b"), "", fault.InvalidIdempotencyKey},
-	{"BadUTF8", msgWith(`{}`, "Idempotency-Key", "a\xffb"), "", fault.InvalidIdempotencyKey},
-}
-
-func msgWith(value, headerKey, headerValue string) kafka.Message {
-	m := kafka.Message{Value: []byte(value)}
-	if headerKey != "" {
-		m.Headers = []kafka.Header{{Key: headerKey, Value: []byte(headerValue)}}
-	}
-	return m
-}
-
-func FuzzIdempotencyKey(f *testing.F) {
-	for _, tt := range keyTests {
-		var h string
-		if len(tt.msg.Headers) > 0 {
-			h = string(tt.msg.Headers[0].Value)
-		}
-		f.Add(string(tt.msg.Value), h)
-	}
-	f.Fuzz(func(t *testing.T, value, headerValue string) {
-		for _, m := range []kafka.Message{msgWith(value, "", ""), msgWith(value, "Idempotency-Key", headerValue)} {
-			key, reason, err := consumer.IdempotencyKey(m)
-			switch {
-			case err != nil && (key != "" || reason == ""):
-				t.Fatalf("failed with key %q and reason %q", key, reason)
-			case err == nil && (reason != "" || key == "" || len([]rune(key)) > 255):
-				t.Fatalf("accepted key %q with reason %q", key, reason)
-			case err == nil && (!utf8.ValidString(key) || strings.ContainsFunc(key, unicode.IsControl)):
-				t.Fatalf("accepted key %q: not printable", key)
-			}
-		}
-	})
 }

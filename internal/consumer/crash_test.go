@@ -1,10 +1,13 @@
 package consumer_test
 
 import (
+	"os"
+	"regexp"
 	"strconv"
 	"testing"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 )
 
@@ -67,14 +70,16 @@ func testCrashInTransaction(t *testing.T, mode consumer.Transactions) {
 	checkOnce(t, e, all)
 }
 
-// TestCrashLoop runs workers that die in the handler of one message every time: after
-// CrashLoopStarts starts of it, it is dead-lettered without running, and its partition moves on.
+// TestCrashLoop runs workers that die in the handler of one message every time: after as many
+// starts of it as the README promises, it is dead-lettered without running, and its partition
+// moves on.
 func TestCrashLoop(t *testing.T) {
 	t.Parallel()
 	forEachMode(t, testCrashLoop)
 }
 
 func testCrashLoop(t *testing.T, mode consumer.Transactions) {
+	starts := promisedCrashLoopStarts(t)
 	e := setup(t, mode, 1)
 	all := []string{"before", "poison", "after-1", "after-2"}
 	e.produce(all...)
@@ -93,33 +98,52 @@ func testCrashLoop(t *testing.T, mode consumer.Transactions) {
 			t.Fatalf("the worker exited by itself: %v", w.err)
 		}
 		kills++
-		if kills > consumer.CrashLoopStarts+1 {
+		if kills > starts+1 {
 			t.Fatalf("the worker died %d times: the crash loop was not broken", kills)
 		}
 	}
 	// The first death may come in a batch of several messages, which is narrowed to single messages
 	// afterwards: the poison's own starts are counted from its first single start.
-	if kills < consumer.CrashLoopStarts {
-		t.Errorf("dead-lettered after %d deaths, want at least %d", kills, consumer.CrashLoopStarts)
+	if kills < starts {
+		t.Errorf("dead-lettered after %d deaths, want at least %d", kills, starts)
 	}
 
 	dead := e.deadLetters()
 	if len(dead) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(dead))
 	}
-	if got := header(dead[0], "dlq-reason"); got != string(fault.CrashLoop) {
+	if got := header(dead[0], deadletter.HeaderReason); got != string(fault.CrashLoop) {
 		t.Errorf("dlq-reason = %q, want %q", got, fault.CrashLoop)
 	}
-	if got := header(dead[0], "dlq-original-offset"); got != "1" {
+	if got := header(dead[0], deadletter.HeaderOriginalOffset); got != "1" {
 		t.Errorf("dlq-original-offset = %q, want 1", got)
 	}
-	if got := header(dead[0], "dlq-attempts"); got != strconv.Itoa(consumer.CrashLoopStarts) {
-		t.Errorf("dlq-attempts = %q, want %d", got, consumer.CrashLoopStarts)
+	if got := header(dead[0], deadletter.HeaderAttempts); got != strconv.Itoa(starts) {
+		t.Errorf("dlq-attempts = %q, want %d", got, starts)
 	}
 	if got := e.committed(); got != int64(len(all)) {
 		t.Errorf("committed %d offsets, want %d", got, len(all))
 	}
 	checkOnce(t, e, []string{"before", "after-1", "after-2"})
+}
+
+// promisedCrashLoopStarts reads from the README how many starts without finishing make a message a
+// crash loop: the tests check the number operators were told, not the code's own constant.
+func promisedCrashLoopStarts(t *testing.T) int {
+	t.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`dead-letters a message started\s+(\d+)\s+times without finishing`).FindSubmatch(readme)
+	if m == nil {
+		t.Fatal("the README does not say after how many starts a message is a crash loop")
+	}
+	n, err := strconv.Atoi(string(m[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // checkOnce checks that each key was applied exactly once, and nothing else.

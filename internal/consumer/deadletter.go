@@ -2,28 +2,15 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
-	"strconv"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/segmentio/kafka-go"
-)
 
-// The headers a dead letter carries on top of the original message's.
-const (
-	headerReason            = "dlq-reason"
-	headerError             = "dlq-error"
-	headerOriginalTopic     = "dlq-original-topic"
-	headerOriginalPartition = "dlq-original-partition"
-	headerOriginalOffset    = "dlq-original-offset"
-	headerAttempts          = "dlq-attempts"
-	headerFailedAt          = "dlq-failed-at"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
+	"github.com/inboxworker/inboxworker/internal/inbox"
 )
-
-// maxErrorHeader bounds the dlq-error header, in bytes.
-const maxErrorHeader = 4096
 
 // newDeadLetterWriter returns the producer of dead letters. Writes are synchronous and acknowledged
 // by all in-sync replicas, one message per request, so that a dead letter is durable before its
@@ -45,21 +32,37 @@ func (c *Consumer) newDeadLetterWriter() *kafka.Writer {
 }
 
 // deadLetter writes m to its topic's dead-letter topic, with the original key, value and headers
-// and the dlq-* headers describing f. A message in the dead-letter topic left no inbox row, so
-// replaying it later processes it normally.
+// and the dlq-* headers describing f (package deadletter). A message in the dead-letter topic left
+// no inbox row, so replaying it later processes it normally.
 //
-// A failed write is retried in place, without limit, until it succeeds: the partition waits, and its
-// offset stays uncommitted, as during a database outage. Stopping the partition instead would end the
-// whole group generation (kafka-go ends a generation when any of its goroutines returns) and have the
-// next owner meet the same unwritable dead-letter topic. It returns an error only when ctx is done or
-// the consumer begins to stop; the message is then delivered again.
+// A write that fails for a reason that will pass (a broker or leader unavailable, a topic not
+// created yet) is retried in place, without limit: the partition waits, and its offset stays
+// uncommitted, as during a database outage. Stopping the partition instead would end the whole group
+// generation (kafka-go ends a generation when any of its goroutines returns) and have the next owner
+// meet the same unwritable dead-letter topic.
+//
+// A write the dead-letter topic refuses for good (see refused: too large for it, not authorised)
+// would wait forever. The dead letter is kept in Postgres instead (storeDeadLetter), whence worker
+// replay takes it, and the partition moves on.
+//
+// It returns an error only when ctx is done or the consumer begins to stop; the message is then
+// delivered again. It changes nothing of p: several messages of one partition may be dead-lettered
+// at once.
 func (p *partition) deadLetter(ctx context.Context, m kafka.Message, f failure, log *slog.Logger) error {
-	m.Topic, m.Partition = p.topic, p.id
+	letter := deadletter.Letter{
+		Reason:    f.reason,
+		Error:     deadletter.ErrorText(f.err),
+		Topic:     p.topic,
+		Partition: p.id,
+		Offset:    m.Offset,
+		Attempts:  f.attempts,
+		FailedAt:  time.Now(),
+	}
 	dlq := kafka.Message{
 		Topic:   p.topic + p.c.config.DLQSuffix,
 		Key:     m.Key,
 		Value:   m.Value,
-		Headers: deadLetterHeaders(m, f, time.Now()),
+		Headers: letter.Headers(m.Headers),
 	}
 	bo := p.outageBackOff()
 	for {
@@ -69,6 +72,9 @@ func (p *partition) deadLetter(ctx context.Context, m kafka.Message, f failure, 
 		}
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
+		}
+		if refused(err) {
+			return p.storeDeadLetter(ctx, dlq, letter, err, log)
 		}
 		delay := bo.NextBackOff()
 		log.ErrorContext(ctx, "cannot write the dead letter; the partition waits and tries again",
@@ -82,40 +88,69 @@ func (p *partition) deadLetter(ctx context.Context, m kafka.Message, f failure, 
 	return nil
 }
 
-// deadLetterHeaders returns m's headers, less any dlq-* headers of an earlier dead-lettering, plus
-// the dlq-* headers describing f.
-func deadLetterHeaders(m kafka.Message, f failure, at time.Time) []kafka.Header {
-	headers := make([]kafka.Header, 0, len(m.Headers)+7)
-	for _, h := range m.Headers {
-		if !strings.HasPrefix(strings.ToLower(h.Key), "dlq-") {
-			headers = append(headers, h)
+// storeDeadLetter keeps dlq, the dead letter described by letter that its topic refused with
+// writeErr, in the dead_letters table, in one statement. A failed insert is retried without limit,
+// as the dead-letter write was: the database may be down, and the dead letter must not be lost. It
+// returns an error only when ctx is done or the consumer begins to stop.
+func (p *partition) storeDeadLetter(ctx context.Context, dlq kafka.Message, letter deadletter.Letter, writeErr error, log *slog.Logger) error {
+	stored := deadletter.Stored{
+		DLQTopic:   dlq.Topic,
+		Letter:     letter,
+		Key:        dlq.Key,
+		Value:      dlq.Value,
+		Headers:    dlq.Headers,
+		WriteError: writeErr.Error(),
+	}
+	var id int64
+	bo := p.outageBackOff()
+	for {
+		save, cancel := context.WithTimeout(ctx, p.c.config.AttemptTimeout)
+		var err error
+		id, err = p.c.deadLetters.Save(save, stored)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		delay := bo.NextBackOff()
+		log.ErrorContext(ctx, "cannot store the dead letter its topic refused; the partition waits and tries again",
+			"dlq_topic", dlq.Topic, "reason", letter.Reason, "delay", delay, "error", inbox.Classify(err))
+		if err := p.sleep(ctx, delay); err != nil {
+			return err
 		}
 	}
-	errText := ""
-	if f.err != nil {
-		errText = truncate(f.err.Error(), maxErrorHeader)
-	}
-	for _, h := range [...][2]string{
-		{headerReason, string(f.reason)},
-		{headerError, errText},
-		{headerOriginalTopic, m.Topic},
-		{headerOriginalPartition, strconv.Itoa(m.Partition)},
-		{headerOriginalOffset, strconv.FormatInt(m.Offset, 10)},
-		{headerAttempts, strconv.Itoa(f.attempts)},
-		{headerFailedAt, at.UTC().Format(time.RFC3339)},
-	} {
-		headers = append(headers, kafka.Header{Key: h[0], Value: []byte(h[1])})
-	}
-	return headers
+	p.c.metrics.deadLetterStored(p.topic)
+	log.ErrorContext(ctx, "the dead-letter topic refused the dead letter; kept it in the database table "+
+		"dead_letters for worker replay", "dlq_topic", dlq.Topic, "dead_letters_id", id, "reason", letter.Reason,
+		"attempts", letter.Attempts, "error", letter.Error, "write_error", writeErr)
+	return nil
 }
 
-// truncate cuts s to at most n bytes without splitting a character.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
+// refused reports whether a dead-letter write failed for a reason that retrying will not change,
+// by kafka-go's error code: the record is too large for the topic, or for kafka-go's own limit
+// (MessageTooLargeError, whose code is MessageSizeTooLarge), the broker finds it invalid, the topic
+// name is invalid, or the worker is not authorised to write there. Anything else (a broker or
+// leader not available, a connection lost, a topic not yet created) may pass, and is waited for.
+func refused(err error) bool {
+	var each kafka.WriteErrors
+	if errors.As(err, &each) {
+		for _, e := range each {
+			if e != nil {
+				err = e
+				break
+			}
+		}
 	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
+	var code kafka.Error
+	if !errors.As(err, &code) {
+		return false
 	}
-	return s[:n]
+	switch code {
+	case kafka.MessageSizeTooLarge, kafka.RecordListTooLarge, kafka.InvalidRecord, kafka.InvalidTopic,
+		kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed:
+		return true
+	}
+	return false
 }

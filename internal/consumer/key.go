@@ -14,7 +14,8 @@ import (
 	"github.com/inboxworker/inboxworker/internal/fault"
 )
 
-// The idempotency key's sources, in order of precedence. Header names match case-insensitively.
+// The idempotency key's sources, in order of precedence. Header names match case-insensitively;
+// the JSON member's name matches exactly, as JSON names do.
 const (
 	keyHeader         = "Idempotency-Key"
 	fallbackKeyHeader = "X-Idempotent-Key"
@@ -22,30 +23,203 @@ const (
 	maxKeyLength      = 255 // characters
 )
 
+// errNoKey is the error of a message with no idempotency key in any source.
+var errNoKey = errors.New("no idempotency key: no header Idempotency-Key or X-Idempotent-Key, no JSON field event_id")
+
 // IdempotencyKey returns m's idempotency key: the header Idempotency-Key, else the header
-// X-Idempotent-Key, else the string field event_id of the JSON object in the value. The first
-// source present decides; a key must be 1 to 255 printable characters: valid UTF-8 without control
-// characters. When there is no valid key it returns the reason to dead-letter with.
+// X-Idempotent-Key, else the string member named exactly event_id of the JSON object in the value.
+// The first source present decides; an empty header counts as absent. A key must be 1 to 255
+// characters a person can read and tell apart: valid UTF-8, no control or format characters (U+200B,
+// U+FEFF, …), no white space but the ASCII space, and that not at either end. A source given twice
+// (two headers of one name, two event_id members) must give one key: two readers of the message would
+// otherwise take different ones. In the JSON value, a \u escape of an unpaired UTF-16 surrogate is
+// refused rather than read as U+FFFD, so a U+FFFD in a key is always one the producer wrote. When
+// there is no valid key it returns the reason to dead-letter with.
 func IdempotencyKey(m kafka.Message) (string, fault.Reason, error) {
 	for _, name := range []string{keyHeader, fallbackKeyHeader} {
+		var key string
 		for _, h := range m.Headers {
-			if strings.EqualFold(h.Key, name) {
-				return checkKey(string(h.Value), "header "+name)
+			if len(h.Value) == 0 || !strings.EqualFold(h.Key, name) {
+				continue
 			}
+			if key != "" && key != string(h.Value) {
+				return "", fault.InvalidIdempotencyKey,
+					fmt.Errorf("invalid idempotency key: header %s appears twice with different values", name)
+			}
+			key = string(h.Value)
+		}
+		if key != "" {
+			return checkKey(key, "header "+name)
 		}
 	}
-	var body struct {
-		EventID json.RawMessage `json:"event_id"`
+
+	values, ok := eventIDs(m.Value)
+	if !ok || len(values) == 0 {
+		return "", fault.MissingIdempotencyKey, errNoKey
 	}
-	if json.Unmarshal(m.Value, &body) != nil || body.EventID == nil || bytes.Equal(body.EventID, []byte("null")) {
-		return "", fault.MissingIdempotencyKey,
-			errors.New("no idempotency key: no header Idempotency-Key or X-Idempotent-Key, no JSON field event_id")
+	for _, v := range values[1:] {
+		if !bytes.Equal(v, values[0]) && !sameJSONString(v, values[0]) {
+			return "", fault.InvalidIdempotencyKey,
+				fmt.Errorf("invalid idempotency key: JSON field %s appears %d times with different values", keyField, len(values))
+		}
+	}
+	raw := values[0]
+	switch {
+	case bytes.Equal(raw, []byte("null")):
+		return "", fault.MissingIdempotencyKey, errNoKey
+	case raw[0] != '"':
+		return "", fault.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key: JSON field %s is not a string", keyField)
+	case !utf8.Valid(raw):
+		// encoding/json would read each invalid byte as U+FFFD: different keys would be one.
+		return "", fault.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key in JSON field %s: not valid UTF-8", keyField)
+	case hasLoneSurrogate(raw):
+		return "", fault.InvalidIdempotencyKey,
+			fmt.Errorf("invalid idempotency key in JSON field %s: a \\u escape of an unpaired UTF-16 surrogate", keyField)
 	}
 	var key string
-	if err := json.Unmarshal(body.EventID, &key); err != nil {
+	if err := json.Unmarshal(raw, &key); err != nil {
 		return "", fault.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key: JSON field %s is not a string", keyField)
 	}
 	return checkKey(key, "JSON field "+keyField)
+}
+
+// eventIDs returns the raw values of every top-level member of the JSON object value whose name is
+// exactly keyField, in order; ok is false when value is not one JSON object. It checks the document
+// with json.Valid and then walks only its top level by hand, without decoding the other members.
+func eventIDs(value []byte) (values [][]byte, ok bool) {
+	if !json.Valid(value) {
+		return nil, false
+	}
+	i := skipSpace(value, 0)
+	if value[i] != '{' {
+		return nil, false
+	}
+	i = skipSpace(value, i+1)
+	for value[i] != '}' {
+		nameEnd := skipValue(value, i)
+		name := value[i:nameEnd]
+		i = skipSpace(value, skipSpace(value, nameEnd)+1) // past the ':'
+		end := skipValue(value, i)
+		if isKeyField(name) {
+			values = append(values, value[i:end])
+		}
+		i = skipSpace(value, end)
+		if value[i] == ',' {
+			i = skipSpace(value, i+1)
+		}
+	}
+	return values, true
+}
+
+// isKeyField reports whether the JSON string name is keyField, escaped or not.
+func isKeyField(name []byte) bool {
+	if bytes.IndexByte(name, '\\') < 0 {
+		return string(name) == `"`+keyField+`"`
+	}
+	var s string
+	return json.Unmarshal(name, &s) == nil && s == keyField
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipValue returns the end of the valid JSON value that starts at b[i].
+func skipValue(b []byte, i int) int {
+	depth := 0
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			for i++; b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+			if depth == 0 {
+				return i + 1
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i // the end of a number or a literal
+			}
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i // the end of a number or a literal
+			}
+		}
+	}
+	return i
+}
+
+// sameJSONString reports whether a and b are JSON strings of the same text written differently
+// ("e" and "\u0065").
+func sameJSONString(a, b []byte) bool {
+	var sa, sb string
+	return a[0] == '"' && b[0] == '"' && utf8.Valid(a) && utf8.Valid(b) && !hasLoneSurrogate(a) &&
+		!hasLoneSurrogate(b) && json.Unmarshal(a, &sa) == nil && json.Unmarshal(b, &sb) == nil && sa == sb
+}
+
+// hasLoneSurrogate reports whether the JSON string raw holds a \u escape of a UTF-16 surrogate that
+// is not part of a high-low pair.
+func hasLoneSurrogate(raw []byte) bool {
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		i++ // the escaped character
+		if i >= len(raw) || raw[i] != 'u' {
+			continue
+		}
+		u, ok := hex4(raw, i+1)
+		if !ok {
+			return false // not valid JSON; the decoder refuses it
+		}
+		i += 4
+		switch {
+		case 0xDC00 <= u && u <= 0xDFFF:
+			return true
+		case 0xD800 <= u && u <= 0xDBFF:
+			if i+2 >= len(raw) || raw[i+1] != '\\' || raw[i+2] != 'u' {
+				return true
+			}
+			low, ok := hex4(raw, i+3)
+			if !ok || low < 0xDC00 || low > 0xDFFF {
+				return true
+			}
+			i += 6
+		}
+	}
+	return false
+}
+
+// hex4 reads the four hex digits at raw[i:].
+func hex4(raw []byte, i int) (rune, bool) {
+	if i+4 > len(raw) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range raw[i : i+4] {
+		switch {
+		case '0' <= c && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case 'a' <= c && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case 'A' <= c && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
 
 func checkKey(key, source string) (string, fault.Reason, error) {
@@ -61,6 +235,19 @@ func checkKey(key, source string) (string, fault.Reason, error) {
 		return invalid(fmt.Sprintf("%d characters, more than %d", n, maxKeyLength))
 	case strings.IndexFunc(key, unicode.IsControl) >= 0:
 		return invalid("contains a control character")
+	case strings.IndexFunc(key, isFormat) >= 0:
+		return invalid("contains an invisible format character (such as U+200B or U+FEFF)")
+	case strings.IndexFunc(key, isOtherSpace) >= 0:
+		return invalid("contains white space other than the ASCII space")
+	case key[0] == ' ' || key[len(key)-1] == ' ':
+		return invalid("begins or ends with a space")
 	}
 	return key, "", nil
 }
+
+// isFormat reports whether r is an invisible format character (Unicode category Cf).
+func isFormat(r rune) bool { return unicode.Is(unicode.Cf, r) }
+
+// isOtherSpace reports whether r is white space that looks like a space, or like nothing, but is
+// not the ASCII space: no-break, ideographic, line and paragraph separators.
+func isOtherSpace(r rune) bool { return r != ' ' && unicode.IsSpace(r) }

@@ -3,15 +3,19 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
@@ -32,17 +36,43 @@ func TestShutdown(t *testing.T) {
 	})
 }
 
+// testShutdownInFlightFinishes holds a message's handler until the stop has begun: the consumer must
+// let it finish, apply it and commit its offset before Run returns.
 func testShutdownInFlightFinishes(t *testing.T, mode consumer.Transactions) {
 	e := setup(t, mode, 1)
-	entered := make(chan struct{})
-	c, stop := e.start(e.config(&recorder{fail: func(d inbox.Delivery) error {
-		close(entered)
-		time.Sleep(200 * time.Millisecond)
-		return nil
-	}}))
+	entered, release, finished := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	c, err := consumer.New(e.config(&recorder{
+		fail: func(d inbox.Delivery) error {
+			close(entered)
+			<-release
+			return nil
+		},
+		after: func(inbox.Delivery) { close(finished) },
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
 	e.produce("slow")
-	<-entered
-	stop()
+	select {
+	case <-entered:
+	case err := <-done:
+		t.Fatalf("Run returned before the handler ran: %v", err)
+	}
+
+	cancel() // the stop begins while the handler is held
+	close(release)
+	if err := <-done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	select {
+	case <-finished:
+	default:
+		t.Error("Run returned before the in-flight handler finished")
+	}
 	if c.Ready() {
 		t.Error("Ready() = true after Run returned")
 	}
@@ -79,7 +109,7 @@ func testShutdownTimeoutCancels(t *testing.T, mode consumer.Transactions) {
 			e.effects(), e.inboxKeys(), e.committed())
 	}
 	if dead := e.deadLetters(); len(dead) != 0 {
-		t.Errorf("the cancelled message was dead-lettered: %v", header(dead[0], "dlq-reason"))
+		t.Errorf("the cancelled message was dead-lettered: %v", header(dead[0], deadletter.HeaderReason))
 	}
 }
 
@@ -113,12 +143,24 @@ func testDeadLetterTopicUnavailable(t *testing.T, mode consumer.Transactions) {
 		}
 		return nil
 	}})
+	var dlqRequests atomic.Int64
+	e.kafka.ControlKey(int16(kmsg.Metadata), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.kafka.KeepControl()
+		for _, t := range req.(*kmsg.MetadataRequest).Topics {
+			if t.Topic != nil && *t.Topic == dlqTopic {
+				dlqRequests.Add(1)
+			}
+		}
+		return nil, nil, false
+	})
 	e.start(config)
 	e.produce("bad", "next")
 	<-attempted
 
-	// No dead-letter topic yet: the partition waits.
-	time.Sleep(time.Second)
+	// No dead-letter topic yet: the partition waits, trying again. Wait for evidence of tries: the
+	// broker's requests naming the dead-letter topic.
+	const tries = 3
+	e.waitFor(fmt.Sprintf("%d requests for the dead-letter topic", tries), func() bool { return dlqRequests.Load() >= tries })
 	if got := e.committed(); got != 0 {
 		t.Fatalf("committed %d offsets without writing the dead letter", got)
 	}
@@ -128,7 +170,7 @@ func testDeadLetterTopicUnavailable(t *testing.T, mode consumer.Transactions) {
 
 	createTopic(t, e.kafka.Addr, dlqTopic)
 	e.waitFor("both offsets committed", func() bool { return e.committed() == 2 })
-	if dead := e.deadLetters(); len(dead) != 1 || header(dead[0], "dlq-reason") != string(fault.InvalidPayload) {
+	if dead := e.deadLetters(); len(dead) != 1 || header(dead[0], deadletter.HeaderReason) != string(fault.InvalidPayload) {
 		t.Errorf("dead letters = %v, want the bad message", dead)
 	}
 	checkOnce(t, e, []string{"next"})
@@ -171,4 +213,61 @@ func testLag(t *testing.T, mode consumer.Transactions) {
 	e.waitFor("a lag of 10", func() bool { return testutil.ToFloat64(lag) == 10 })
 	close(release)
 	e.waitFor("no lag", func() bool { return testutil.ToFloat64(lag) == 0 })
+}
+
+// TestOffsetCommitFails makes the broker refuse every offset commit of a first consumer: the
+// message it applied stays uncommitted, so a second consumer gets it again and skips it as a
+// duplicate. A failed commit neither loses a message nor applies one twice.
+func TestOffsetCommitFails(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, testOffsetCommitFails)
+}
+
+func testOffsetCommitFails(t *testing.T, mode consumer.Transactions) {
+	e := setup(t, mode, 1)
+	var refuse atomic.Bool
+	var refused atomic.Int64
+	refuse.Store(true)
+	e.kafka.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.kafka.KeepControl()
+		if !refuse.Load() {
+			return nil, nil, false
+		}
+		commit := req.(*kmsg.OffsetCommitRequest)
+		resp := commit.ResponseKind().(*kmsg.OffsetCommitResponse)
+		for _, topic := range commit.Topics {
+			rt := kmsg.NewOffsetCommitResponseTopic()
+			rt.Topic = topic.Topic
+			for _, p := range topic.Partitions {
+				rp := kmsg.NewOffsetCommitResponseTopicPartition()
+				rp.Partition = p.Partition
+				rp.ErrorCode = -1 // UNKNOWN_SERVER_ERROR
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		refused.Add(1)
+		return resp, nil, true
+	})
+
+	first := e.config(&recorder{})
+	_, stop := e.start(first)
+	e.produce("once")
+	e.waitFor("a refused offset commit", func() bool { return refused.Load() >= 1 })
+	stop()
+	if got := e.effects()["once"]; got != 1 {
+		t.Fatalf("the first consumer applied the message %d times, want once", got)
+	}
+	if got := e.committed(); got != 0 {
+		t.Fatalf("committed %d offsets though every commit was refused", got)
+	}
+
+	refuse.Store(false)
+	second := e.config(&recorder{})
+	e.start(second)
+	e.waitFor("the offset committed", func() bool { return e.committed() == 1 })
+	checkOnce(t, e, []string{"once"})
+	if got := outcomes(second, "duplicate"); got != 1 {
+		t.Errorf("the second consumer counted %v duplicates, want 1: the redelivery of the uncommitted message", got)
+	}
 }

@@ -171,11 +171,15 @@ func (p *partition) inboxMessage(m kafka.Message, key string) inbox.Message {
 
 // attempt runs m through the inbox and the handler once, in a transaction of its own, under a
 // context of its own bounded by AttemptTimeout. A panic in the handler rolls the transaction back
-// and is a permanent error.
+// and is a permanent error. A CallHandler's message goes through its three steps instead (see call).
 func (p *partition) attempt(ctx context.Context, msg inbox.Message, value []byte, attempt int, log *slog.Logger) (inbox.Outcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.c.config.AttemptTimeout)
 	defer cancel()
 	d := inbox.Delivery{Key: msg.Key, Value: value, Attempt: attempt}
+	if h, ok := p.route.Handler.(CallHandler); ok {
+		return p.call(ctx, h, msg, d, log)
+	}
+	h := p.route.Handler.(Handler) // Config.validate admits nothing else
 	return p.c.config.Store.Process(ctx, msg, func(ctx context.Context, tx pgx.Tx) (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -183,7 +187,7 @@ func (p *partition) attempt(ctx context.Context, msg inbox.Message, value []byte
 				err = fault.Permanent(fault.HandlerError, fmt.Errorf("panic: %v", r))
 			}
 		}()
-		return p.route.Handler.Handle(ctx, tx, d)
+		return h.Handle(ctx, tx, d)
 	})
 }
 

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
 // Metrics are the consumer's Prometheus metrics. They are recorded around the handler, never by it.
@@ -13,6 +15,10 @@ type Metrics struct {
 	Retries  *prometheus.CounterVec   // inboxworker_retries_total{topic}
 	Handle   *prometheus.HistogramVec // inboxworker_handle_seconds{topic}
 	Lag      *prometheus.GaugeVec     // inboxworker_consumer_lag{topic,partition}
+	Stalled  *prometheus.GaugeVec     // inboxworker_consumer_stalled_seconds{topic,partition}
+	// DeadLettersStored counts the dead letters their topic refused for good, kept in Postgres
+	// (each is counted in Messages as dead_lettered too).
+	DeadLettersStored *prometheus.CounterVec // inboxworker_dead_letters_stored_total{topic}
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -33,11 +39,40 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"topic"}),
 		Lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "inboxworker_consumer_lag",
-			Help: "Messages behind the partition's end offset, from the group's committed offset.",
+			Help: "Messages behind the partition's end offset, from the group's committed offset; every partition of the consumed topics, whichever member owns it.",
 		}, []string{"topic", "partition"}),
+		Stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inboxworker_consumer_stalled_seconds",
+			Help: "How long the group's committed offset of the partition has not moved while the partition has lag, as seen by this instance; 0 without lag.",
+		}, []string{"topic", "partition"}),
+		DeadLettersStored: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inboxworker_dead_letters_stored_total",
+			Help: "Dead letters their dead-letter topic refused for good (too large, not authorised), kept in the table dead_letters for worker replay, by source topic.",
+		}, []string{"topic"}),
 	}
-	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag)
+	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag, m.Stalled, m.DeadLettersStored)
 	return m
+}
+
+// outcomes are the values of the outcome label.
+var outcomes = []string{string(inbox.Applied), string(inbox.Duplicate), outcomeDeadLettered}
+
+// initSeries creates the series of topics whose labels are known before any message, at 0, so that
+// a fresh instance exposes them: rate() and absent() then see a counter that starts at 0, not one
+// that appears with its first increment. The lag series appear with the first lag refresh, once the
+// topics' partitions are known.
+func (m *Metrics) initSeries(topics []string) {
+	if m == nil {
+		return
+	}
+	for _, topic := range topics {
+		for _, outcome := range outcomes {
+			m.Messages.WithLabelValues(topic, outcome)
+		}
+		m.Retries.WithLabelValues(topic)
+		m.Handle.WithLabelValues(topic)
+		m.DeadLettersStored.WithLabelValues(topic)
+	}
 }
 
 // The outcomes of a finished message, as the outcome label. Applied and duplicate are inbox's.
@@ -61,6 +96,13 @@ func (m *Metrics) count(topic, outcome string) {
 	m.Messages.WithLabelValues(topic, outcome).Inc()
 }
 
+func (m *Metrics) deadLetterStored(topic string) {
+	if m == nil {
+		return
+	}
+	m.DeadLettersStored.WithLabelValues(topic).Inc()
+}
+
 func (m *Metrics) retried(topic string) {
 	if m == nil {
 		return
@@ -68,16 +110,21 @@ func (m *Metrics) retried(topic string) {
 	m.Retries.WithLabelValues(topic).Inc()
 }
 
-func (m *Metrics) setLag(topic string, partition int, lag int64) {
+func (m *Metrics) setLag(topic string, partition int, lag int64, stalled time.Duration) {
 	if m == nil {
 		return
 	}
-	m.Lag.WithLabelValues(topic, strconv.Itoa(partition)).Set(float64(lag))
+	p := strconv.Itoa(partition)
+	m.Lag.WithLabelValues(topic, p).Set(float64(lag))
+	m.Stalled.WithLabelValues(topic, p).Set(stalled.Seconds())
 }
 
+// deleteLag forgets a partition that is no longer consumed (its topic was deleted).
 func (m *Metrics) deleteLag(topic string, partition int) {
 	if m == nil {
 		return
 	}
-	m.Lag.DeleteLabelValues(topic, strconv.Itoa(partition))
+	p := strconv.Itoa(partition)
+	m.Lag.DeleteLabelValues(topic, p)
+	m.Stalled.DeleteLabelValues(topic, p)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
@@ -50,9 +51,9 @@ func fromParked(p inbox.Parked) kafka.Message {
 }
 
 // ParkedDeadLetter is the dead letter of the parked message p, dead-lettered by an operator rather
-// than retried: the original key, value and headers and the dlq-* headers, as the consumer writes
-// them, with p's reason (retries_exhausted when it has not run) and attempts, and why (the
-// operator's words) in dlq-error with p's last error. Its Topic is p's topic + dlqSuffix.
+// than retried: the original key, value and headers and the dlq-* headers (package deadletter), with
+// p's reason (retries_exhausted when it has not run) and attempts, and why (the operator's words)
+// in dlq-error with p's last error. Its Topic is p's topic + dlqSuffix.
 func ParkedDeadLetter(p inbox.Parked, dlqSuffix, why string, at time.Time) kafka.Message {
 	m := fromParked(p)
 	reason := p.Reason
@@ -63,12 +64,16 @@ func ParkedDeadLetter(p inbox.Parked, dlqSuffix, why string, at time.Time) kafka
 	if p.LastError != "" {
 		text += ": " + p.LastError
 	}
-	return kafka.Message{
-		Topic:   p.Topic + dlqSuffix,
-		Key:     m.Key,
-		Value:   m.Value,
-		Headers: deadLetterHeaders(m, failure{reason: reason, err: errors.New(text), attempts: p.Attempts}, at),
+	letter := deadletter.Letter{
+		Reason:    reason,
+		Error:     deadletter.ErrorText(errors.New(text)),
+		Topic:     p.Topic,
+		Partition: int(p.Partition),
+		Offset:    p.Offset,
+		Attempts:  p.Attempts,
+		FailedAt:  at,
 	}
+	return kafka.Message{Topic: p.Topic + dlqSuffix, Key: m.Key, Value: m.Value, Headers: letter.Headers(m.Headers)}
 }
 
 // ParkMetrics are the metrics of the park and of the routes' outage circuits.

@@ -100,8 +100,6 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 		p.log.Error("cannot seek the partition's reader", "offset", p.offset, "error", err)
 		return
 	}
-	p.c.lag.track(p.topic, p.id)
-	defer p.c.lag.untrack(p.topic, p.id)
 	transactions := PerMessage
 	if p.together != nil {
 		transactions = PerBatch

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"runtime/debug"
 	"sync"
 	"time"
 
@@ -416,24 +415,72 @@ func (r *retrier) paused() time.Duration {
 	return r.circuit.Paused()
 }
 
-// parkedEffect is the apply of a retrier for a route whose handler works in the inbox transaction:
-// the handler runs on p in one transaction with p's inbox row and its removal from the park, under
-// a context bounded by attemptTimeout. A panic in the handler rolls back and is a permanent error.
+// parkedEffect is the apply of a retrier: the route's handler runs on p, which is claimed, under a
+// context bounded by attemptTimeout, and p leaves the park with its effect. A Handler runs in one
+// transaction with p's inbox row and its removal from the park (inbox.Store.ProcessParked). A
+// CallHandler goes through its three steps, p's removal in the completion's transaction; a claim on
+// p lost meanwhile does not undo a call already made: the completion commits, and the next owner
+// finds the key applied. A key applied already (a duplicate) takes p out of the park. A panic in the
+// handler rolls back and is a permanent error.
 func parkedEffect(store *inbox.Store, route Route, attemptTimeout time.Duration, log *slog.Logger) func(context.Context, inbox.Parked) (inbox.Outcome, error) {
 	return func(ctx context.Context, p inbox.Parked) (inbox.Outcome, error) {
 		ctx, cancel := context.WithTimeout(ctx, attemptTimeout)
 		defer cancel()
+		log := log.With("topic", p.Topic, "offset", p.Offset, "key", p.IdempotencyKey)
 		d := inbox.Delivery{Key: p.IdempotencyKey, Value: p.Value, Attempt: p.Attempts + 1}
-		return store.ProcessParked(ctx, p, func(ctx context.Context, tx pgx.Tx) (err error) {
-			defer func() {
-				if r := recover(); r != nil {
-					log.ErrorContext(ctx, "the handler panicked", "topic", p.Topic, "offset", p.Offset,
-						"key", p.IdempotencyKey, "panic", r, "stack", string(debug.Stack()))
-					err = fault.Permanent(fault.HandlerError, fmt.Errorf("panic: %v", r))
+		h, ok := route.Handler.(CallHandler)
+		if !ok {
+			h := route.Handler.(Handler) // Config.validate admits nothing else
+			return store.ProcessParked(ctx, p, func(ctx context.Context, tx pgx.Tx) (err error) {
+				defer recoverHandler(ctx, log, &err)
+				return h.Handle(ctx, tx, d)
+			})
+		}
+		outcome, err := store.ProcessCall(ctx, parkedMessage(p), inbox.Call{
+			Lease: CallLease,
+			Check: func(ctx context.Context, tx pgx.Tx) (err error) {
+				defer recoverHandler(ctx, log, &err)
+				return h.Check(ctx, tx, d)
+			},
+			Run: func(ctx context.Context, attempt int) (_ inbox.Effect, err error) {
+				defer recoverHandler(ctx, log, &err)
+				d := d
+				d.Attempt = attempt
+				complete, err := h.Call(ctx, d)
+				if err != nil {
+					return nil, err
 				}
-			}()
-			return route.Handler.Handle(ctx, tx, d)
+				return func(ctx context.Context, tx pgx.Tx) (err error) {
+					defer recoverHandler(ctx, log, &err)
+					if err := store.UnparkTx(ctx, tx, p); err != nil && !errors.Is(err, inbox.ErrClaimLost) {
+						return err
+					}
+					if complete == nil { // nothing to record but the key
+						return nil
+					}
+					return complete(ctx, tx)
+				}, nil
+			},
 		})
+		if err == nil && outcome == inbox.Duplicate {
+			// Recorded before, by another delivery: no call was made, and p goes.
+			if err := store.Remove(ctx, p); err != nil && !errors.Is(err, inbox.ErrClaimLost) {
+				return "", err
+			}
+		}
+		return outcome, err
+	}
+}
+
+// parkedMessage is p as the inbox records it.
+func parkedMessage(p inbox.Parked) inbox.Message {
+	return inbox.Message{
+		Handler:     p.Handler,
+		Key:         p.IdempotencyKey,
+		Fingerprint: inbox.Fingerprint(p.Value),
+		Topic:       p.Topic,
+		Partition:   p.Partition,
+		Offset:      p.Offset,
 	}
 }
 

@@ -68,6 +68,7 @@ type env struct {
 	db         *pgtest.DB
 	partitions int
 	log        *slog.Logger
+	logs       *testlog.Records // what log logged
 }
 
 // setup starts a broker with topic and its dead-letter topic (partitions each) and a fresh schema
@@ -75,13 +76,15 @@ type env struct {
 // transaction. The consumers it configures run in mode.
 func setup(t *testing.T, mode consumer.Transactions, partitions int) *env {
 	t.Helper()
+	log, logs := testlog.Capture(t)
 	e := &env{
 		t:          t,
 		mode:       mode,
 		kafka:      kafkatest.Start(t, int32(partitions), topic, dlqTopic),
 		db:         pgtest.Schema(t),
 		partitions: partitions,
-		log:        testlog.New(t),
+		log:        log,
+		logs:       logs,
 	}
 	_, err := e.db.Pool.Exec(context.Background(), effectsTable)
 	if err != nil {
@@ -303,6 +306,20 @@ func (e *env) deadLetters() []kafka.Message {
 	var out []kafka.Message
 	for p := range e.partitions {
 		out = append(out, e.kafka.ReadAll(e.t, dlqTopic, p)...)
+	}
+	return out
+}
+
+// retryLogs returns the log records of the retries of the message whose idempotency key is key: the
+// records with an attempt and a delay that name the key (in a test with no database outage).
+func (e *env) retryLogs(key string) []testlog.Record {
+	var out []testlog.Record
+	for _, r := range e.logs.All() {
+		_, attempt := r.Attrs["attempt"]
+		_, delay := r.Attrs["delay"]
+		if attempt && delay && r.Has(key) {
+			out = append(out, r)
+		}
 	}
 	return out
 }

@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-// Reason is a dead-letter reason code, sent as the dlq-reason header.
+// Reason is a dead-letter reason code, sent as a dead letter's reason header (package deadletter).
 type Reason string
 
 // The reason codes of the contract.

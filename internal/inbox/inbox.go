@@ -8,6 +8,9 @@
 // one key are arbitrated by the primary key: the second claim waits for the first transaction and
 // then sees its outcome.
 //
+// An effect reports what it did with AfterCommit: its actions run once the transaction committed,
+// and never for one rolled back.
+//
 // A key is remembered for its handler's retention (Config.Retention), then deleted by Purge, which
 // RunPurger calls periodically; a redelivery after that is applied again.
 //
@@ -204,6 +207,7 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, msg Message) (Outcome, err
 
 // WithTx runs fn in a transaction on db and commits it if fn returns nil. A transaction that fn
 // fails, or panics in, is rolled back even when ctx is already cancelled, so none is left open.
+// The actions fn registers with AfterCommit run once the commit succeeded, never otherwise.
 // Errors from Postgres in beginning and committing are classified (see Classify); fn's errors are
 // returned as they are.
 func WithTx(ctx context.Context, db interface {
@@ -222,7 +226,8 @@ func WithTx(ctx context.Context, db interface {
 		defer cancel()
 		_ = tx.Rollback(rctx)
 	}()
-	if err := fn(ctx, tx); err != nil {
+	txCtx, actions := withAfterCommit(ctx)
+	if err := fn(txCtx, tx); err != nil {
 		return err
 	}
 	// A failed commit has ended the transaction too: there is nothing left to roll back.
@@ -230,6 +235,7 @@ func WithTx(ctx context.Context, db interface {
 	if err := tx.Commit(ctx); err != nil {
 		return Classify(fmt.Errorf("inbox: commit: %w", err))
 	}
+	actions.run(ctx)
 	return nil
 }
 

@@ -16,8 +16,8 @@ import (
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
-// lease is long enough never to lapse within a test; tests make a lease lapse with lapse.
-const lease = time.Hour
+// parkLease is long enough never to lapse within a test; tests make a lease lapse with lapse.
+const parkLease = time.Hour
 
 // parked returns a message of handler "h" read from topic "t", partition 0, at offset, whose
 // ordering key is orderKey and idempotency key "<orderKey>@<offset>".
@@ -49,7 +49,7 @@ func (e *testEnv) park(tb testing.TB, ps ...inbox.Parked) {
 // take takes the due messages of topic "t", partition 0 for owner and returns their idempotency keys.
 func (e *testEnv) take(tb testing.TB, owner string, limit int) []inbox.Parked {
 	tb.Helper()
-	taken, err := e.store.TakeDue(context.Background(), "t", 0, owner, lease, limit)
+	taken, err := e.store.TakeDue(context.Background(), "t", 0, owner, parkLease, limit)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -352,7 +352,7 @@ func TestTakeDue(t *testing.T) {
 		for o := range 8 {
 			wg.Go(func() {
 				for {
-					got, err := e.store.TakeDue(context.Background(), "t", 0, fmt.Sprintf("o%d", o), lease, 3)
+					got, err := e.store.TakeDue(context.Background(), "t", 0, fmt.Sprintf("o%d", o), parkLease, 3)
 					if err != nil {
 						t.Errorf("TakeDue: %v", err)
 						return

@@ -226,3 +226,28 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// TestExpiredKeyStillDuplicate: a key whose retention ran out but which the purger has not deleted
+// yet still counts: its message arriving again is a duplicate, alone or in a batch, and its effect
+// does not run again. Retention bounds how long a key is kept, not when it stops counting.
+func TestExpiredKeyStillDuplicate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t, inbox.Config{})
+	e.processKeys(t, "expired")
+	e.expire(t, "expired")
+
+	if got, err := e.store.Process(ctx, message("expired"), record("expired")); err != nil || got != inbox.Duplicate {
+		t.Errorf("Process of an expired, unpurged key = %q, %v; want %q", got, err, inbox.Duplicate)
+	}
+	e.expire(t, "expired") // still, whatever the claim did to it
+	msgs := []inbox.Message{message("expired"), message("new")}
+	var claimed []int
+	got, err := e.store.ProcessBatch(ctx, msgs, recordEach(msgs, &claimed))
+	if err != nil || !slices.Equal(got, []inbox.Outcome{inbox.Duplicate, inbox.Applied}) {
+		t.Errorf("ProcessBatch of an expired, unpurged key and a new one = %v, %v; want duplicate, applied", got, err)
+	}
+	if effects := e.effects(t); !slices.Equal(effects, []string{"expired", "new"}) {
+		t.Errorf("effects = %v, want the expired key's once, then the new one's", effects)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"unicode/utf8"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
@@ -27,7 +28,9 @@ const (
 // 0–9, '_', '.', '-'; params is optional, an object of at most MaxParams string values whose names
 // follow the same rule but start with a letter or '_'; event_id is optional and, when present, a string (the consumer reads the idempotency key,
 // not Decode). Unknown fields are ignored, so that producers can add fields before the worker
-// knows them.
+// knows them. Names match exactly ("PHONE" is an unknown field), and a field of the event given twice,
+// or a param name given twice, is refused: readers that take the first and readers that take the last
+// would send different messages, or to different people. An unknown field given twice is ignored.
 //
 // Any other value is refused with fault.Permanent(fault.InvalidPayload, …) naming the field. The
 // error never quotes the value it refuses, so a phone number in the wrong place cannot reach a log
@@ -37,6 +40,9 @@ func Decode(value []byte) (SMS, error) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(value, &fields); err != nil || fields == nil {
 		return SMS{}, invalid("value", notAnObject(value, err))
+	}
+	if name, ok := duplicateName(value, "event_id", "phone", "template", "params"); ok {
+		return SMS{}, invalid(name, errors.New("appears more than once"))
 	}
 	var sms SMS
 	if raw, ok := fields["event_id"]; ok && kind(raw) != "null" {
@@ -82,6 +88,9 @@ func decodeParams(raw json.RawMessage) (map[string]string, error) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &fields); err != nil {
 		return nil, invalid("params", errors.New("must be an object of strings"))
+	}
+	if _, ok := duplicateName(raw); ok {
+		return nil, invalid("params", errors.New("has a param name more than once"))
 	}
 	if len(fields) > MaxParams {
 		return nil, invalid("params", fmt.Errorf("at most %d params, got %d", MaxParams, len(fields)))
@@ -136,6 +145,34 @@ func validName(s string, max int) bool {
 		}
 	}
 	return true
+}
+
+// duplicateName returns a member name that the valid JSON object value holds more than once at its
+// top level: any name, or only one of names when they are given.
+func duplicateName(value []byte, names ...string) (string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(value))
+	if _, err := dec.Token(); err != nil { // the '{'
+		return "", false
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		name, _ := t.(string)
+		if len(names) == 0 || slices.Contains(names, name) {
+			if seen[name] {
+				return name, true
+			}
+			seen[name] = true
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return "", false
+		}
+	}
+	return "", false
 }
 
 // kind names the JSON type of a valid JSON value by its first byte.

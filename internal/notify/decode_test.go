@@ -34,7 +34,18 @@ var decodeTests = []struct {
 	{name: "EmptyParamValue", value: `{"phone":"+8613800138000","template":"t","params":{"_a.b-c":""}}`,
 		want: notify.SMS{To: "+8613800138000", Template: "t", Params: map[string]string{"_a.b-c": ""}}},
 
+	{name: "NamesAreCaseSensitive", value: `{"phone":"+8613800138000","PHONE":"+14155552671","Template":"x","template":"t"}`,
+		want: notify.SMS{To: "+8613800138000", Template: "t", Params: map[string]string{}}},
+
+	{name: "UnknownFieldTwice", value: `{"x":1,"phone":"+8613800138000","template":"t","x":2}`,
+		want: notify.SMS{To: "+8613800138000", Template: "t", Params: map[string]string{}}},
+
 	{name: "Empty", value: ``, wantField: "value"},
+	{name: "PhoneOtherCaseOnly", value: `{"PHONE":"+8613800138000","template":"t"}`, wantField: "phone"},
+	{name: "PhoneTwice", value: `{"phone":"+8613800138000","template":"t","phone":"+14155552671"}`, wantField: "phone"},
+	{name: "TemplateTwice", value: `{"template":"a","phone":"+8613800138000","template":"b"}`, wantField: "template"},
+	{name: "ParamTwice", value: `{"phone":"+8613800138000","template":"t","params":{"code":"1","code":"2"}}`,
+		wantField: "params"},
 	{name: "NotJSON", value: `phone=+8613800138000`, wantField: "value"},
 	{name: "Truncated", value: `{"phone":"+8613800138000"`, wantField: "value"},
 	{name: "Array", value: `["+8613800138000"]`, wantField: "value"},

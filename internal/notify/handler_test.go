@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/notify"
@@ -63,14 +64,27 @@ func (e *env) newHandler(t *testing.T, sender notify.Sender) *notify.Handler {
 	return h
 }
 
+// The consumer runs a Handler as a CallHandler: the send outside any transaction.
+var _ consumer.CallHandler = (*notify.Handler)(nil)
+
+// callOf is d through h in the three steps of a call, as the consumer runs it.
+func callOf(h *notify.Handler, d inbox.Delivery) inbox.Call {
+	return inbox.Call{
+		Lease: consumer.CallLease,
+		Check: func(ctx context.Context, tx pgx.Tx) error { return h.Check(ctx, tx, d) },
+		Run: func(ctx context.Context, attempt int) (inbox.Effect, error) {
+			d.Attempt = attempt
+			return h.Call(ctx, d)
+		},
+	}
+}
+
 // process runs one delivery of value under key through the inbox and h, as the consumer does, and
 // logs a failure as the consumer would.
 func (e *env) process(t *testing.T, h *notify.Handler, key string, value []byte, attempt int) (inbox.Outcome, error) {
 	t.Helper()
 	msg := inbox.Message{Handler: "sms", Key: key, Fingerprint: inbox.Fingerprint(value), Topic: "notifications.sms"}
-	outcome, err := e.store.Process(context.Background(), msg, func(ctx context.Context, tx pgx.Tx) error {
-		return h.Handle(ctx, tx, inbox.Delivery{Key: key, Value: value, Attempt: attempt})
-	})
+	outcome, err := e.store.ProcessCall(context.Background(), msg, callOf(h, inbox.Delivery{Key: key, Value: value, Attempt: attempt}))
 	if err != nil {
 		kind, reason, _ := fault.Classify(err)
 		e.logger.Error("message failed", slog.String("key", key), slog.String("kind", kind.String()),
@@ -123,11 +137,37 @@ func (e *env) checkSent(t *testing.T, key string, attempt int) {
 	}
 }
 
-// checkNothingRecorded fails if key left a notifications or an inbox row.
+// checkNothingRecorded fails if key left a notifications or an inbox row, or a lease.
 func (e *env) checkNothingRecorded(t *testing.T, key string) {
 	t.Helper()
 	if n, inInbox := e.recorded(t, key); n != nil || inInbox {
 		t.Fatalf("key %s: notification %+v, inbox row %v; want neither", key, n, inInbox)
+	}
+	if leased := e.leased(t, key); leased {
+		t.Fatalf("key %s: a live lease is left", key)
+	}
+}
+
+// leased reports whether key has a live lease.
+func (e *env) leased(t *testing.T, key string) bool {
+	t.Helper()
+	var leased bool
+	if err := e.pool.QueryRow(context.Background(),
+		`SELECT EXISTS (SELECT 1 FROM inbox_leases WHERE idempotency_key = $1 AND expires_at > now())`,
+		key).Scan(&leased); err != nil {
+		t.Fatal(err)
+	}
+	return leased
+}
+
+// anotherWorkersLease writes the lease a worker sending key would hold, expiring in expiresIn.
+func (e *env) anotherWorkersLease(t *testing.T, key string, expiresIn time.Duration) {
+	t.Helper()
+	if _, err := e.pool.Exec(context.Background(), `
+		INSERT INTO inbox_leases (handler, idempotency_key, holder, expires_at, attempts)
+		VALUES ('sms', $1, 'another-worker', now() + $2 * interval '1 microsecond', 1)`,
+		key, expiresIn.Microseconds()); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -302,13 +342,22 @@ func TestHandleLostCommit(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	msg := inbox.Message{Handler: "sms", Key: "k1", Fingerprint: inbox.Fingerprint(testEvent), Topic: "notifications.sms"}
-	lost := errors.New("connection lost before commit")
-	_, err := e.store.Process(context.Background(), msg, func(ctx context.Context, tx pgx.Tx) error {
-		if err := e.handler.Handle(ctx, tx, inbox.Delivery{Key: "k1", Value: testEvent, Attempt: 1}); err != nil {
-			return err
+	lost := fault.Unavailable(errors.New("connection lost before commit"))
+	call := callOf(e.handler, inbox.Delivery{Key: "k1", Value: testEvent, Attempt: 1})
+	run := call.Run
+	call.Run = func(ctx context.Context, attempt int) (inbox.Effect, error) {
+		complete, err := run(ctx, attempt)
+		if err != nil {
+			return nil, err
 		}
-		return lost
-	})
+		return func(ctx context.Context, tx pgx.Tx) error {
+			if err := complete(ctx, tx); err != nil {
+				return err
+			}
+			return lost
+		}, nil
+	}
+	_, err := e.store.ProcessCall(context.Background(), msg, call)
 	if !errors.Is(err, lost) {
 		t.Fatalf("Process: %v, want %v", err, lost)
 	}
@@ -317,7 +366,7 @@ func TestHandleLostCommit(t *testing.T) {
 	if outcome, err := e.process(t, e.handler, "k1", testEvent, 1); err != nil || outcome != inbox.Applied {
 		t.Fatalf("redelivery: Process = %q, %v; want applied", outcome, err)
 	}
-	e.checkSent(t, "k1", 1)
+	e.checkSent(t, "k1", 2) // the second call for the key
 	if calls, delivered := e.provider.Calls("k1"), len(e.provider.Delivered()); calls != 2 || delivered != 1 {
 		t.Fatalf("provider: %d calls, %d deliveries; want 2 and 1", calls, delivered)
 	}
@@ -338,6 +387,55 @@ func TestHandleAfterInboxExpiry(t *testing.T) {
 	}
 	if calls := e.provider.Calls("k1"); calls != 1 {
 		t.Fatalf("provider: %d calls, want 1", calls)
+	}
+}
+
+// TestHandleLeaseHeld: while another worker holds the key's lease (its send may be out), the SMS is
+// not sent: the attempt fails with a retryable error that waits for the lease.
+func TestHandleLeaseHeld(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.anotherWorkersLease(t, "k1", time.Minute)
+	_, err := e.process(t, e.handler, "k1", testEvent, 1)
+	if kind, _, retryAfter := fault.Classify(err); !errors.Is(err, inbox.ErrLeaseHeld) || kind != fault.KindRetryable ||
+		retryAfter <= 50*time.Second {
+		t.Fatalf("Process: %v, %v after %v; want retryable ErrLeaseHeld after the lease's remaining minute", err, kind, retryAfter)
+	}
+	if calls := e.provider.Calls("k1"); calls != 0 {
+		t.Fatalf("provider: %d calls, want none while the lease is held", calls)
+	}
+	if n, inInbox := e.recorded(t, "k1"); n != nil || inInbox || !e.leased(t, "k1") {
+		t.Fatalf("notification %+v, inbox row %v; want neither, and the other worker's lease kept", n, inInbox)
+	}
+}
+
+// TestHandleLeaseExpired: a worker died while its send was out; once its lease has expired, the
+// redelivery takes it over and sends again with the same key, which the provider delivers once.
+func TestHandleLeaseExpired(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// The dead worker's send reached the provider, which delivered it.
+	sms := notify.SMS{Key: "k1", To: testPhone, Template: "verify_code", Params: map[string]string{"code": "123456"}}
+	sender, err := notify.NewHTTPSender(notify.HTTPConfig{URL: e.provider.URL, Token: testToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := sender.Send(context.Background(), sms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.anotherWorkersLease(t, "k1", -time.Second)
+
+	if outcome, err := e.process(t, e.handler, "k1", testEvent, 1); err != nil || outcome != inbox.Applied {
+		t.Fatalf("Process = %q, %v; want applied", outcome, err)
+	}
+	e.checkSent(t, "k1", 2) // the second call for the key
+	requests := e.provider.Requests()
+	if len(requests) != 2 || requests[1].Key != "k1" || requests[1].Reference != "k1" || len(e.provider.Delivered()) != 1 {
+		t.Fatalf("provider requests %+v, %d delivered; want a second with key k1, one delivery", requests, len(e.provider.Delivered()))
+	}
+	if n, _ := e.recorded(t, "k1"); *n.providerMessageID != first || e.leased(t, "k1") {
+		t.Fatalf("recorded id %q, want the first send's %q, and no lease left", *n.providerMessageID, first)
 	}
 }
 

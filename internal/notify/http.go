@@ -10,7 +10,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -28,7 +27,8 @@ type HTTPConfig struct {
 	Token string
 	// Timeout bounds each request, the answer included. Defaults to 5s.
 	Timeout time.Duration
-	// Client defaults to http.DefaultClient.
+	// Client defaults to http.DefaultClient. The sender uses a copy of it that does not follow
+	// redirects; the client itself is not changed.
 	Client *http.Client
 }
 
@@ -41,9 +41,17 @@ type HTTPConfig struct {
 //	{"to":"+8613800138000","template":"verify_code","params":{"code":"123456"},"reference":"<key>"}
 //
 // A 2xx answer is accepted; the "id" of its JSON body (a string, or a number taken as its text) is
-// the provider message id. A 2xx without a usable id is still accepted, with id "": the provider says
-// the message went out, and retrying would at best repeat that answer and at worst deliver twice. The
-// handler records it with no id and logs a warning.
+// the provider message id, made fit to store (see storableID): once the provider accepted, nothing in
+// its answer may make recording the SMS fail, or a replay would send it again. A 2xx without a usable
+// id is still accepted, with id "": the provider says the message went out, and retrying would at
+// best repeat that answer and at worst deliver twice. The handler records it with no id and logs a
+// warning.
+//
+// A redirect (3xx) is never followed and never a delivery. Go's client would turn a 301, 302 or 303
+// into a GET without the body, whose 2xx would record as sent an SMS that nobody sent, and would
+// post a 307 or 308 again to wherever the answer points. A provider endpoint that moved is a
+// misconfiguration: the answer is permanent, reason fault.ProviderRejected, and the error names the
+// redirect's target with its query values and password masked.
 //
 // 408, 429, 5xx, timeouts and connection errors are retryable, with the answer's Retry-After (seconds
 // or an HTTP date) as fault.Error.RetryAfter. Any other status is permanent, reason
@@ -73,11 +81,15 @@ func NewHTTPSender(config HTTPConfig) (*HTTPSender, error) {
 	case strings.ContainsFunc(config.Token, func(r rune) bool { return r < 0x21 || r > 0x7e }):
 		return nil, ErrInvalidToken
 	}
+	// A copy of the client, so that the caller's (http.DefaultClient by default) keeps following
+	// redirects for whatever else uses it.
+	client := *cmp.Or(config.Client, http.DefaultClient)
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	return &HTTPSender{
 		url:     config.URL,
 		token:   config.Token,
 		timeout: cmp.Or(config.Timeout, 5*time.Second),
-		client:  cmp.Or(config.Client, http.DefaultClient),
+		client:  &client,
 	}, nil
 }
 
@@ -130,6 +142,10 @@ func (s *HTTPSender) Send(ctx context.Context, sms SMS) (string, error) {
 	case code >= 200 && code < 300:
 		// Accepted, whatever happens to the rest of the answer.
 		return messageID(answer), nil
+	case code >= 300 && code < 400:
+		return "", fault.Permanent(fault.ProviderRejected, fmt.Errorf(
+			"sms provider: %s, a redirect to %s: redirects are not followed and never count as sent; "+
+				"set the provider URL to the endpoint itself", resp.Status, s.clean(s.redirectTarget(resp))))
 	case code == http.StatusRequestTimeout, code == http.StatusTooManyRequests, code >= 500:
 		err := &fault.Error{
 			Kind:       fault.KindRetryable,
@@ -160,7 +176,7 @@ func (s *HTTPSender) transportError(ctx context.Context, err error) error {
 }
 
 // messageID returns the "id" of a provider's JSON answer: a string, or a number as its text; "" when
-// there is none.
+// there is none. It is made storable with storableID.
 func messageID(answer []byte) string {
 	var body struct {
 		ID json.RawMessage `json:"id"`
@@ -170,13 +186,76 @@ func messageID(answer []byte) string {
 	}
 	var s string
 	if json.Unmarshal(body.ID, &s) == nil {
-		return strings.TrimSpace(s)
+		return storableID(s)
 	}
 	var n json.Number
 	if json.Unmarshal(body.ID, &n) == nil {
-		return n.String()
+		return storableID(n.String())
 	}
 	return ""
+}
+
+// MaxMessageIDLen is the most bytes of a provider message id that are kept.
+const MaxMessageIDLen = 255
+
+// storableID makes a provider's message id fit for a Postgres text column and a log line: invalid
+// UTF-8 and control characters (NUL above all, which Postgres refuses in text) become U+FFFD, so an
+// altered id shows that it was altered and cannot pass for another, genuine id; spaces at the ends go;
+// and it is cut to MaxMessageIDLen bytes at a character boundary. "" when nothing is left.
+func storableID(id string) string {
+	id = strings.ToValidUTF8(id, "\uFFFD")
+	id = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return utf8.RuneError
+		}
+		return r
+	}, id)
+	id = strings.TrimSpace(id)
+	if len(id) > MaxMessageIDLen {
+		cut := MaxMessageIDLen
+		for cut > 0 && !utf8.RuneStart(id[cut]) {
+			cut--
+		}
+		id = id[:cut]
+	}
+	return id
+}
+
+// redirectTarget returns the Location of a redirect, resolved against the request's URL, for error
+// text: its password and query values masked, digit runs in its path masked, its fragment dropped.
+// The token is removed; the caller cuts it (clean).
+func (s *HTTPSender) redirectTarget(resp *http.Response) string {
+	location := s.withoutToken(resp.Header.Get("Location"))
+	if location == "" {
+		return "nowhere (no Location header)"
+	}
+	u, err := url.Parse(location)
+	if err != nil {
+		return "an unreadable Location"
+	}
+	if resp.Request != nil && resp.Request.URL != nil {
+		u = resp.Request.URL.ResolveReference(u)
+	}
+	var b strings.Builder
+	if u.Scheme != "" {
+		b.WriteString(u.Scheme + "://")
+	}
+	if u.User != nil {
+		b.WriteString(u.User.Username())
+		if _, ok := u.User.Password(); ok {
+			b.WriteString(":xxxxx")
+		}
+		b.WriteString("@")
+	}
+	b.WriteString(u.Host)
+	b.WriteString(MaskNumbers(u.EscapedPath()))
+	if q := u.Query(); len(q) > 0 {
+		for name := range q {
+			q[name] = []string{"xxxxx"}
+		}
+		b.WriteString("?" + q.Encode())
+	}
+	return b.String()
 }
 
 // maxRetryAfter bounds a provider's Retry-After; the consumer's retry budget bounds it further.
@@ -201,22 +280,42 @@ func retryAfter(header string, now time.Time) time.Duration {
 	return 0
 }
 
-// phoneLike matches runs of digits, possibly grouped by spaces, dots, dashes or parentheses, that are
-// long enough to be a phone number.
-var phoneLike = regexp.MustCompile(`\+?\(?\d(?:[\s().-]?\d){6,}`)
+// recipientMark stands for the recipient's number in a provider's answer while MaskNumbers runs, so
+// that the recipient appears as MaskPhone shows it and every other number as [number].
+const recipientMark = "\x00recipient\x00"
 
-// quote returns ": " and the start of a provider's answer, fit for error text: the token and anything
-// that looks like a phone number (the provider may echo the recipient) removed, control characters
-// replaced, and cut to maxAnswerQuote bytes. Empty for an empty answer.
+// quote returns ": " and the start of a provider's answer, fit for error text: the token and every
+// run of digits long enough to be a phone number (MaskNumbers; the provider may echo the recipient,
+// in any form) removed, control characters replaced, and cut to maxAnswerQuote bytes. Empty for an
+// empty answer.
 func (s *HTTPSender) quote(answer []byte, to string) string {
-	text := strings.ToValidUTF8(string(answer), "\uFFFD")
-	if s.token != "" {
-		text = strings.ReplaceAll(text, s.token, "[token]")
-	}
+	text := s.withoutToken(strings.ToValidUTF8(string(answer), "\uFFFD"))
 	if to != "" {
-		text = strings.ReplaceAll(text, to, MaskPhone(to))
+		text = strings.ReplaceAll(text, to, recipientMark)
 	}
-	text = phoneLike.ReplaceAllString(text, "[number]")
+	text = MaskNumbers(text)
+	if to != "" {
+		text = strings.ReplaceAll(text, recipientMark, MaskPhone(to))
+	}
+	text = s.clean(text)
+	if text == "" {
+		return ""
+	}
+	return ": " + text
+}
+
+// withoutToken returns text with the token replaced by "[token]". It runs before anything else
+// rewrites the text, which could break the token up and leave parts of it.
+func (s *HTTPSender) withoutToken(text string) string {
+	if s.token == "" {
+		return text
+	}
+	return strings.ReplaceAll(text, s.token, "[token]")
+}
+
+// clean makes text from the provider fit for error text: control characters replaced, and cut to
+// maxAnswerQuote bytes.
+func (s *HTTPSender) clean(text string) string {
 	text = strings.Map(func(r rune) rune {
 		if unicode.IsControl(r) {
 			return ' '
@@ -224,9 +323,6 @@ func (s *HTTPSender) quote(answer []byte, to string) string {
 		return r
 	}, text)
 	text = strings.TrimSpace(text)
-	if text == "" {
-		return ""
-	}
 	if len(text) > maxAnswerQuote {
 		cut := maxAnswerQuote
 		for cut > 0 && !utf8.RuneStart(text[cut]) {
@@ -234,5 +330,5 @@ func (s *HTTPSender) quote(answer []byte, to string) string {
 		}
 		text = text[:cut] + "…"
 	}
-	return ": " + text
+	return text
 }

@@ -1,11 +1,14 @@
 // Package notify sends the SMS of the notifications.sms topic, once per idempotency key.
 //
-// Handler decodes an SMS event (Decode), sends it through a Sender with the message's idempotency
-// key, and records a notifications row (status SENT, the provider's message id) through the inbox
-// transaction, so the row and the inbox key commit together or not at all. A failed send records
-// nothing; the consumer retries the message later, outside any transaction, and the retry sends again
-// with the same key. The send happens inside the transaction: the inbox claim's row lock on the key is
-// held for at most one provider request (HTTPConfig.Timeout), never across a backoff.
+// Handler is a call handler (see consumer.CallHandler): the send is a network call, made with no
+// transaction open and no database connection held. The consumer claims the message's key first (a
+// lease, in a short transaction of its own, in which Check decodes the event and looks for the key in
+// notifications); Call then sends it through a Sender with the message's idempotency key; the
+// completion Call returns records a notifications row (status SENT, the provider's message id) in the
+// transaction that writes the key's inbox row and releases the lease, so the row and the inbox key
+// commit together or not at all. A failed send records nothing; the consumer retries the message
+// later, and the retry sends again with the same key. The lease keeps two workers from sending for
+// one key at the same time.
 //
 // Two senders: HTTPSender speaks the HTTP provider contract (Idempotency-Key header, JSON body, status
 // codes mapped to package fault); LogSender only logs, for development and for deployments without a
@@ -19,12 +22,13 @@
 // # The remaining window
 //
 // Postgres and the provider cannot commit together. If the provider accepts a message and the process
-// dies (or loses Postgres) before the transaction commits, nothing is recorded, the Kafka offset is not
-// committed, and the message is processed again: a second provider call. That call carries the same
-// Idempotency-Key (and the same reference in the body) as the first, because the key is the message's
-// own idempotency key, not something generated per attempt. A provider that honours Idempotency-Key
-// answers it with the first message's id and does not deliver again, so the person receives one SMS and
-// the notifications row holds the id of the delivered message. A provider that ignores the key delivers
+// dies (or loses Postgres) before the completion commits, nothing is recorded, the Kafka offset is not
+// committed, and the message is processed again once the dead process's lease has expired
+// (consumer.CallLease): a second provider call. That call carries the same Idempotency-Key (and the
+// same reference in the body) as the first, because the key is the message's own idempotency key,
+// not something generated per attempt. A provider that honours Idempotency-Key answers it with the
+// first message's id and does not deliver again, so the person receives one SMS and the
+// notifications row holds the id of the delivered message. A provider that ignores the key delivers
 // twice in this window and only then; the window is as wide as one provider request plus the commit.
 package notify
 
@@ -86,7 +90,7 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Handler applies SMS events: it implements the consumer's Handler interface.
+// Handler applies SMS events: it implements the consumer's CallHandler interface.
 type Handler struct {
 	sender Sender
 	logger *slog.Logger
@@ -104,17 +108,16 @@ const insertNotificationSQL = `
 INSERT INTO notifications (idempotency_key, recipient, template, status, provider_message_id, attempts, sent_at)
 VALUES ($1, $2, $3, 'SENT', $4, $5, clock_timestamp())`
 
-// Handle sends the SMS of d and records it through tx, the inbox transaction of d.Key. An invalid event
-// is a permanent fault.InvalidPayload error; a failed send returns the sender's classified error and
-// records nothing. A key already in notifications (its inbox row has expired, the SMS was sent) is not
-// sent again: Handle returns inbox.ErrAlreadyApplied.
-func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
+// Check is the first step of an SMS event (see consumer.CallHandler), run in the claim transaction
+// of d.Key: an invalid event is a permanent fault.InvalidPayload error, and a key already in
+// notifications (its inbox row has expired; the SMS was sent) is inbox.ErrAlreadyApplied, so it is
+// not sent again.
+func (h *Handler) Check(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
 	sms, err := Decode(d.Value)
 	if err != nil {
 		return err
 	}
 	sms.Key = d.Key
-
 	var sent bool
 	err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM notifications WHERE idempotency_key = $1)`,
 		d.Key).Scan(&sent)
@@ -125,10 +128,21 @@ func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error
 		h.logger.InfoContext(ctx, "sms already sent under this key; not sending again", slog.Any("sms", sms))
 		return inbox.ErrAlreadyApplied
 	}
+	return nil
+}
 
+// Call sends the SMS of d, with no transaction open, and returns the completion that records it as
+// SENT with the provider's message id, in the transaction that writes d.Key's inbox row. A failed
+// send returns the sender's classified error and records nothing.
+func (h *Handler) Call(ctx context.Context, d inbox.Delivery) (inbox.Effect, error) {
+	sms, err := Decode(d.Value)
+	if err != nil {
+		return nil, err
+	}
+	sms.Key = d.Key
 	id, err := h.sender.Send(ctx, sms)
 	if err != nil {
-		return fmt.Errorf("notify: send to %s: %w", MaskPhone(sms.To), err)
+		return nil, fmt.Errorf("notify: send to %s: %w", MaskPhone(sms.To), err)
 	}
 	var storedID *string
 	if id != "" {
@@ -137,11 +151,14 @@ func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error
 		h.logger.WarnContext(ctx, "sms provider accepted the message without an id; recording it with none",
 			slog.Any("sms", sms))
 	}
-	_, err = tx.Exec(ctx, insertNotificationSQL, sms.Key, sms.To, sms.Template, storedID, max(d.Attempt, 1))
-	if err != nil {
-		return inbox.Classify(fmt.Errorf("notify: record notification: %w", err))
-	}
-	h.logger.InfoContext(ctx, "sms sent", slog.Any("sms", sms), slog.String("provider_message_id", id),
-		slog.Int("attempt", d.Attempt))
-	return nil
+	// What happened at the provider, whether or not the record of it commits.
+	h.logger.InfoContext(ctx, "sms accepted by the provider", slog.Any("sms", sms),
+		slog.String("provider_message_id", id), slog.Int("attempt", d.Attempt))
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, insertNotificationSQL, sms.Key, sms.To, sms.Template, storedID, max(d.Attempt, 1))
+		if err != nil {
+			return inbox.Classify(fmt.Errorf("notify: record notification: %w", err))
+		}
+		return nil
+	}, nil
 }

@@ -1,6 +1,10 @@
 package notify
 
-import "strings"
+import (
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
 
 // ValidPhone reports whether phone is in E.164: '+' then 8 to 15 digits, the first of them 1–9.
 func ValidPhone(phone string) bool {
@@ -34,5 +38,48 @@ func MaskPhone(phone string) string {
 	b.WriteString(digits[:head])
 	b.WriteString("****")
 	b.WriteString(digits[len(digits)-tail:])
+	return b.String()
+}
+
+// minMaskedDigits is the fewest digits MaskNumbers hides: fewer are a code, a count or a status, never
+// a whole phone number (E.164 numbers have at least 8 digits, national forms at least 7).
+const minMaskedDigits = 7
+
+// MaskNumbers returns text with every run of at least 7 digits replaced by "[number]", for error
+// text quoting a provider. A run is digits of any script (full-width, Arabic-Indic, … — any Unicode
+// number) joined by anything that is not a letter: spaces of any kind and count, dashes, dots,
+// parentheses, slashes, invisible characters. A '+' just before a run stays. Letters end a run, so
+// a template name or an id with a few digits survives, and so would a number spelled with letters
+// between its digits.
+func MaskNumbers(text string) string {
+	var b strings.Builder
+	written := 0         // text[:written] is in b
+	start, end := -1, -1 // the current run: text[start:end], from its first digit to its last
+	digits := 0
+	flush := func() {
+		if digits >= minMaskedDigits {
+			b.WriteString(text[written:start])
+			b.WriteString("[number]")
+			written = end
+		}
+		start, digits = -1, 0
+	}
+	for i, r := range text {
+		switch {
+		case unicode.IsNumber(r):
+			if start < 0 {
+				start = i
+			}
+			end = i + utf8.RuneLen(r)
+			digits++
+		case unicode.IsLetter(r):
+			flush()
+		}
+	}
+	flush()
+	if written == 0 {
+		return text
+	}
+	b.WriteString(text[written:])
 	return b.String()
 }

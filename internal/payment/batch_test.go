@@ -158,8 +158,8 @@ func (tx *countingTx) QueryRow(ctx context.Context, sql string, args ...any) pgx
 	return tx.Tx.QueryRow(ctx, sql, args...)
 }
 
-// TestBatchPaysTogether: callbacks that pay distinct PENDING orders are applied by one statement
-// (within a savepoint), not two per callback, with the rows Handle writes.
+// TestBatchPaysTogether: callbacks that pay distinct PENDING orders are applied by one statement,
+// not two per callback, with the rows Handle writes.
 func TestBatchPaysTogether(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -181,8 +181,8 @@ func TestBatchPaysTogether(t *testing.T) {
 			t.Errorf("%s: outcome %q, want applied", batch[i].key, o)
 		}
 	}
-	if counter.statements > 3 {
-		t.Errorf("%d statements for %d callbacks, want the savepoint, one statement and its release", counter.statements, n)
+	if counter.statements != 1 {
+		t.Errorf("%d statements for %d callbacks, want one", counter.statements, n)
 	}
 	for i := range n {
 		want := state{Order: fmt.Sprintf("PAID by T%d at %s", i, paidAt),
@@ -254,12 +254,13 @@ func TestBatchConcurrentSuccesses(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for i := range n {
+		// Built here: callback may call t.Fatal, which only the test's goroutine may.
+		batch := []delivery{
+			{fmt.Sprintf("k%d", i), callback(t, map[string]any{"provider_txn_id": fmt.Sprintf("T%d", i)})},
+			{fmt.Sprintf("own%d", i), callback(t, map[string]any{"order_no": fmt.Sprintf("OWN-%d", i),
+				"provider_txn_id": fmt.Sprintf("OWN-T%d", i)})},
+		}
 		wg.Go(func() {
-			batch := []delivery{
-				{fmt.Sprintf("k%d", i), callback(t, map[string]any{"provider_txn_id": fmt.Sprintf("T%d", i)})},
-				{fmt.Sprintf("own%d", i), callback(t, map[string]any{"order_no": fmt.Sprintf("OWN-%d", i),
-					"provider_txn_id": fmt.Sprintf("OWN-T%d", i)})},
-			}
 			got, err := e.deliverBatch(t, batch, nil)
 			if err != nil || !slices.Equal(got, []inbox.Outcome{inbox.Applied, inbox.Applied}) {
 				t.Errorf("batch %d: got %v, %v; want both applied", i, got, err)
@@ -279,9 +280,8 @@ func TestBatchConcurrentSuccesses(t *testing.T) {
 }
 
 // TestBatchTransactionRecordedConcurrently: a provider transaction that a concurrent transaction
-// records for another order while a batch pays with it makes the batch's statement fail. The batch
-// falls back to one callback at a time, so that only that callback is refused, as when delivered
-// alone, and the others apply.
+// records for another order while a batch pays with it makes the batch's statement wait, and then
+// not pay with it: only that callback is refused, as when delivered alone, and the others apply.
 func TestBatchTransactionRecordedConcurrently(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Schema(t)
@@ -310,10 +310,16 @@ func TestBatchTransactionRecordedConcurrently(t *testing.T) {
 	// The first batch pays ORD-1 with T1 and holds its transaction open.
 	paidFirst, release := make(chan struct{}), make(chan struct{})
 	firstDone := make(chan error, 1)
+	// The batches are built here: callback may call t.Fatal, which only the test's goroutine may.
+	first := []delivery{{"k1", callback(t, map[string]any{"order_no": "ORD-1"})}}
+	second := []delivery{
+		{"k2", callback(t, map[string]any{"order_no": "ORD-2"})},
+		{"k3", callback(t, map[string]any{"order_no": "ORD-3", "provider_txn_id": "T3"})},
+	}
 	go func() {
-		_, err := e.deliverBatch(t, []delivery{{"k1", callback(t, map[string]any{"order_no": "ORD-1"})}},
+		_, err := e.deliverBatch(t, first,
 			func(tx pgx.Tx) pgx.Tx {
-				return &hookedTx{Tx: tx, match: "RELEASE SAVEPOINT", after: func() { close(paidFirst); <-release }}
+				return &hookedTx{Tx: tx, match: "INSERT INTO payment_transactions", after: func() { close(paidFirst); <-release }}
 			})
 		firstDone <- err
 	}()
@@ -322,10 +328,7 @@ func TestBatchTransactionRecordedConcurrently(t *testing.T) {
 	// The second names T1 for ORD-2: its statement waits for the first transaction, then fails.
 	secondDone := make(chan error, 1)
 	go func() {
-		_, err := e.deliverBatch(t, []delivery{
-			{"k2", callback(t, map[string]any{"order_no": "ORD-2"})},
-			{"k3", callback(t, map[string]any{"order_no": "ORD-3", "provider_txn_id": "T3"})},
-		}, nil)
+		_, err := e.deliverBatch(t, second, nil)
 		secondDone <- err
 	}()
 	deadline := time.Now().Add(30 * time.Second)

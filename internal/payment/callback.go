@@ -77,11 +77,9 @@ func Decode(value []byte) (Callback, error) {
 	if trimmed := bytes.TrimLeft(value, " \t\r\n"); len(trimmed) == 0 || trimmed[0] != '{' {
 		return Callback{}, invalid("payload", "not a JSON object")
 	}
-	fields, ok := flatObject(value)
-	if !ok {
-		if err := json.Unmarshal(value, &fields); err != nil {
-			return Callback{}, invalid("payload", "not a JSON object: %v", err)
-		}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(value, &fields); err != nil {
+		return Callback{}, invalid("payload", "not a JSON object: %v", err)
 	}
 
 	var cb Callback
@@ -154,81 +152,6 @@ func stringField(fields map[string]json.RawMessage, name string, required bool) 
 		return "", invalid(name, "must not be empty")
 	}
 	return s, nil
-}
-
-// flatObject is json.Unmarshal into a map of raw values, for the common shape of a callback: one
-// JSON object whose names are strings without escapes and whose values are such strings or null.
-// For any other document it reports false, and the caller decodes it with json.Unmarshal, whose
-// result (and error) it would have been. value must be valid UTF-8. The raw values share value's
-// memory.
-func flatObject(value []byte) (map[string]json.RawMessage, bool) {
-	i := 0
-	space := func() {
-		for i < len(value) && (value[i] == ' ' || value[i] == '\t' || value[i] == '\n' || value[i] == '\r') {
-			i++
-		}
-	}
-	// str scans a string without escapes or control characters at i and returns its extent.
-	str := func() (start, end int, ok bool) {
-		if i >= len(value) || value[i] != '"' {
-			return 0, 0, false
-		}
-		for j := i + 1; j < len(value); j++ {
-			switch c := value[j]; {
-			case c == '"':
-				start, i = i, j+1
-				return start, i, true
-			case c == '\\' || c < 0x20:
-				return 0, 0, false
-			}
-		}
-		return 0, 0, false
-	}
-	space()
-	if i >= len(value) || value[i] != '{' {
-		return nil, false
-	}
-	i++
-	fields := make(map[string]json.RawMessage, 8)
-	space()
-	if i < len(value) && value[i] == '}' {
-		i++
-	} else {
-		for {
-			space()
-			nameStart, nameEnd, ok := str()
-			if !ok {
-				return nil, false
-			}
-			space()
-			if i >= len(value) || value[i] != ':' {
-				return nil, false
-			}
-			i++
-			space()
-			var raw json.RawMessage
-			if bytes.HasPrefix(value[i:], []byte("null")) {
-				raw, i = value[i:i+4], i+4
-			} else if start, end, ok := str(); ok {
-				raw = value[start:end:end]
-			} else {
-				return nil, false
-			}
-			fields[string(value[nameStart+1:nameEnd-1])] = raw
-			space()
-			if i < len(value) && value[i] == ',' {
-				i++
-				continue
-			}
-			if i < len(value) && value[i] == '}' {
-				i++
-				break
-			}
-			return nil, false
-		}
-	}
-	space()
-	return fields, i == len(value)
 }
 
 // plainString returns the JSON string raw, taken from a validated UTF-8 document, when it has no

@@ -215,3 +215,14 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkDecode decodes a typical callback.
+func BenchmarkDecode(b *testing.B) {
+	value := callbackJSON(b, nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := payment.Decode(value); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

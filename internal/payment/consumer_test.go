@@ -3,6 +3,8 @@ package payment_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
@@ -120,7 +123,12 @@ func testThroughConsumer(t *testing.T, mode consumer.Transactions) {
 		Routes: []consumer.Route{{Topic: topic, Name: "payments", Handler: &createOnRetry{
 			handler: e.handler,
 			key:     "e7",
-			create:  func() { createOrder(t, e.pool, "ORD-LATE", "99.90", "CNY", "PENDING") },
+			// Runs in the consumer's goroutine: reports with t.Errorf, never t.Fatal.
+			create: func() {
+				if err := insertOrder(e.pool, "ORD-LATE", "99.90", "CNY", "PENDING"); err != nil {
+					t.Errorf("create ORD-LATE: %v", err)
+				}
+			},
 		}}},
 		SessionTimeout: 600 * time.Millisecond,
 		Retry: consumer.Retry{
@@ -193,7 +201,7 @@ func testThroughConsumer(t *testing.T, mode consumer.Transactions) {
 				t.Fatalf("dead letter %s: %v", m.Value, err)
 			}
 			for _, h := range m.Headers {
-				if h.Key == "dlq-reason" {
+				if h.Key == deadletter.HeaderReason {
 					dead[body.EventID] = string(h.Value)
 				}
 			}
@@ -205,6 +213,140 @@ func testThroughConsumer(t *testing.T, mode consumer.Transactions) {
 	}
 
 	for outcome, want := range map[string]float64{"applied": 7, "duplicate": 10, "dead_lettered": 2} {
+		if got := testutil.ToFloat64(metrics.Messages.WithLabelValues(topic, outcome)); got != want {
+			t.Errorf("%s messages: %v, want %v", outcome, got, want)
+		}
+	}
+}
+
+// TestOneOrderPerTransactionThroughConsumer: 200 provider transactions, each sent for a cancelled
+// order and for an order whose amount differs, keyed by order number so that the two callbacks of a
+// transaction mostly land on different partitions, which the consumer applies concurrently. Each
+// transaction is flagged once, for one of its orders; its other callback is dead-lettered
+// invalid_payload naming provider_txn_id. With a transaction per message, and per batch.
+func TestOneOrderPerTransactionThroughConsumer(t *testing.T) {
+	t.Parallel()
+	for name, mode := range map[string]consumer.Transactions{"PerMessage": consumer.PerMessage, "PerBatch": consumer.PerBatch} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testOneOrderPerTransactionThroughConsumer(t, mode)
+		})
+	}
+}
+
+func testOneOrderPerTransactionThroughConsumer(t *testing.T, mode consumer.Transactions) {
+	const topic, dlqTopic, partitions, pairs = "payments.callbacks", "payments.callbacks.dlq", 4, 200
+	e := setup(t)
+	broker := kafkatest.Start(t, partitions, topic, dlqTopic)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `
+		INSERT INTO orders (order_no, user_id, amount, currency, status)
+		SELECT prefix || i, 'user-1', 99.90, 'CNY', status
+		FROM generate_series(0, $1 - 1) AS i,
+		     (VALUES ('CANCELLED-', 'CANCELLED'), ('MISMATCH-', 'PENDING')) AS o(prefix, status)`,
+		pairs); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []kafka.Message
+	for i := range pairs {
+		for _, orderNo := range []string{fmt.Sprintf("CANCELLED-%d", i), fmt.Sprintf("MISMATCH-%d", i)} {
+			msgs = append(msgs, kafka.Message{Key: []byte(orderNo), Value: callback(t, map[string]any{
+				"event_id": "e-" + orderNo, "order_no": orderNo, "provider_txn_id": fmt.Sprintf("T-%d", i), "amount": "99.91"})})
+		}
+	}
+
+	metrics := consumer.NewMetrics(prometheus.NewRegistry())
+	c, err := consumer.New(consumer.Config{
+		Brokers:         []string{broker.Addr},
+		GroupID:         "payments-test",
+		Routes:          []consumer.Route{{Topic: topic, Name: "payments", Handler: e.handler}},
+		SessionTimeout:  600 * time.Millisecond,
+		Retry:           consumer.Retry{InitialInterval: time.Millisecond, MaxInterval: 20 * time.Millisecond, MaxElapsed: 5 * time.Second},
+		Transactions:    mode,
+		ShutdownTimeout: 5 * time.Second,
+		LagInterval:     50 * time.Millisecond,
+		Pool:            e.pool,
+		Store:           e.store,
+		Metrics:         metrics,
+		Logger:          testlog.New(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := c.Run(runCtx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	broker.Produce(t, topic, msgs...)
+	deadline := time.Now().Add(120 * time.Second) // only keeps a broken test from hanging
+	for {
+		var committed int64
+		for p := range partitions {
+			committed += max(0, broker.CommittedOffset(t, "payments-test", topic, p))
+		}
+		if committed == int64(len(msgs)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d offsets committed", committed, len(msgs))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+
+	flagged := map[string]string{} // provider transaction → the order it was flagged for
+	rows, _ := e.pool.Query(ctx, `SELECT provider_txn_id, order_no FROM payment_anomalies`)
+	var txn, orderNo string
+	if _, err := pgx.ForEachRow(rows, []any{&txn, &orderNo}, func() error {
+		if other, ok := flagged[txn]; ok {
+			t.Errorf("%s flagged for %s and for %s", txn, other, orderNo)
+		}
+		flagged[txn] = orderNo
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dead := map[string]bool{} // orders whose callback was dead-lettered
+	for p := range partitions {
+		for _, m := range broker.ReadAll(t, dlqTopic, p) {
+			var reason, detail string
+			for _, h := range m.Headers {
+				switch h.Key {
+				case "dlq-reason":
+					reason = string(h.Value)
+				case "dlq-error":
+					detail = string(h.Value)
+				}
+			}
+			if reason != string(fault.InvalidPayload) || !strings.Contains(detail, "provider_txn_id") {
+				t.Errorf("dead letter of %s: %s: %s; want invalid_payload naming provider_txn_id", m.Key, reason, detail)
+			}
+			dead[string(m.Key)] = true
+		}
+	}
+	for i := range pairs {
+		txn := fmt.Sprintf("T-%d", i)
+		winner, ok := flagged[txn]
+		if !ok {
+			t.Errorf("%s: not flagged", txn)
+			continue
+		}
+		loser := strings.Replace(winner, "MISMATCH-", "CANCELLED-", 1)
+		if loser == winner {
+			loser = strings.Replace(winner, "CANCELLED-", "MISMATCH-", 1)
+		}
+		if dead[winner] || !dead[loser] {
+			t.Errorf("%s: flagged for %s; dead letters for it: %v, for %s: %v; want only %s's", txn, winner,
+				dead[winner], loser, dead[loser], loser)
+		}
+	}
+	for outcome, want := range map[string]float64{"applied": pairs, "dead_lettered": pairs} {
 		if got := testutil.ToFloat64(metrics.Messages.WithLabelValues(topic, outcome)); got != want {
 			t.Errorf("%s messages: %v, want %v", outcome, got, want)
 		}

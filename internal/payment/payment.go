@@ -5,10 +5,18 @@
 // commit together or not at all. An order only ever moves PENDING → PAID, by one conditional UPDATE
 // (never read-then-write); a callback that cannot pay the order is recorded for a person as a
 // payment_anomalies row (amount_mismatch, duplicate_payment, paid_after_cancel) and the order is left
-// as it is. A provider transaction already recorded, under whatever idempotency key, is reported as
+// as it is. A provider transaction already applied, under whatever idempotency key, is reported as
 // inbox.ErrAlreadyApplied, with nothing written.
 //
 // The rules, where the contract's table is silent:
+//   - A provider transaction belongs to one order and carries one amount and currency: the first
+//     callback of it that is recorded (paid, failed or flagged) writes them to payment_transactions,
+//     whose primary key is (provider, provider_txn_id). A later callback of it for another order,
+//     or with another amount or currency, is refused (invalid_payload, naming provider_txn_id,
+//     amount or currency), whatever its result and the state of its order, and records nothing. So
+//     a transaction that paid one order never becomes a refund flag on another, and a refund flag
+//     never stands on the transaction that paid. The primary key decides, not a read: of two
+//     callbacks recording one transaction at once, the second waits for the first to commit.
 //   - A FAILED callback never changes an order. On any existing order it is recorded as a payments
 //     row with result FAILED, unless that provider transaction already has a row (or paid the order):
 //     then it is a duplicate.
@@ -16,16 +24,19 @@
 //     retrying one payment intent) pays the order if it is still PENDING and matches, and its payments
 //     row becomes SUCCESS: one row per provider transaction, holding its final result.
 //   - One anomaly per provider transaction: a transaction already flagged (of any kind) is not flagged
-//     again, so one received payment is never refunded twice.
+//     again, so one received payment is never refunded twice. A unique index on payment_anomalies
+//     (provider, provider_txn_id) decides.
 //   - "Paid by the same provider_txn_id" means the order's provider_txn_id matches and the payments
 //     row that paid it, if any, is the same provider's.
-//   - A provider transaction already recorded for another order cannot pay this one: the callback is
-//     refused (invalid_payload, naming provider_txn_id) for a person to look at.
 //   - An unknown order is retryable with reason unknown_order, whatever the result.
 //
 // Handler.HandleBatch applies a batch of callbacks in one transaction with the same results: the
 // common case, a SUCCESS that pays a PENDING order, for the whole batch in one statement, and every
 // other callback as Handle does, in order.
+//
+// What a callback did (an anomaly at warn level; a payment, at debug) is logged once its transaction
+// commits (see inbox.AfterCommit), never for work rolled back; called outside a transaction of
+// package inbox, the handler logs nothing.
 //
 // payment does not retry, dead-letter, count or know Kafka: it returns nil (applied),
 // inbox.ErrAlreadyApplied (duplicate) or an error classified with package fault, and its caller does
@@ -44,6 +55,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
@@ -92,7 +104,8 @@ func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error
 	return h.apply(ctx, tx, d.Key, cb)
 }
 
-// apply applies the decoded callback cb, whose idempotency key is key, through tx.
+// apply applies the decoded callback cb, whose idempotency key is key, through tx, and logs what it
+// did once the transaction commits (see inbox.AfterCommit): never a line for work rolled back.
 func (h *Handler) apply(ctx context.Context, tx pgx.Tx, key string, cb Callback) error {
 	a := &application{tx: tx, cb: cb, key: key}
 	var effect string
@@ -102,25 +115,31 @@ func (h *Handler) apply(ctx context.Context, tx pgx.Tx, key string, cb Callback)
 	} else {
 		effect, err = a.failed(ctx)
 	}
-
-	attrs := []slog.Attr{
-		slog.String("order_no", cb.OrderNo), slog.String("provider", cb.Provider),
-		slog.String("provider_txn_id", cb.ProviderTxnID), slog.String("result", string(cb.Result)),
-		slog.String("idempotency_key", key),
-	}
 	switch {
 	case errors.Is(err, inbox.ErrAlreadyApplied):
-		h.logger.LogAttrs(ctx, slog.LevelDebug, "payment callback already applied", attrs...)
+		h.logAfterCommit(ctx, slog.LevelDebug, "payment callback already applied", key, cb)
 	case err != nil:
 		return err
 	case effect == AmountMismatch || effect == DuplicatePayment || effect == PaidAfterCancel:
-		h.logger.LogAttrs(ctx, slog.LevelWarn, "payment anomaly recorded",
-			append(attrs, slog.String("anomaly", effect))...)
+		h.logAfterCommit(ctx, slog.LevelWarn, "payment anomaly recorded", key, cb, slog.String("anomaly", effect))
 	default:
-		h.logger.LogAttrs(ctx, slog.LevelDebug, "payment callback applied",
-			append(attrs, slog.String("effect", effect))...)
+		h.logAfterCommit(ctx, slog.LevelDebug, "payment callback applied", key, cb, slog.String("effect", effect))
 	}
 	return err
+}
+
+// logAfterCommit logs msg about the callback cb, whose idempotency key is key, once the transaction
+// of ctx commits.
+func (h *Handler) logAfterCommit(ctx context.Context, level slog.Level, msg, key string, cb Callback, extra ...slog.Attr) {
+	if !h.logger.Enabled(ctx, level) {
+		return
+	}
+	attrs := append([]slog.Attr{
+		slog.String("order_no", cb.OrderNo), slog.String("provider", cb.Provider),
+		slog.String("provider_txn_id", cb.ProviderTxnID), slog.String("result", string(cb.Result)),
+		slog.String("idempotency_key", key),
+	}, extra...)
+	inbox.AfterCommit(ctx, func(ctx context.Context) { h.logger.LogAttrs(ctx, level, msg, attrs...) })
 }
 
 // application is one callback being applied in one transaction.
@@ -136,18 +155,48 @@ const (
 	effectFailedRecorded = "failed_payment_recorded"
 )
 
-const markPaidSQL = `
-UPDATE orders
-SET status = 'PAID', paid_at = $4, provider_txn_id = $5, updated_at = now()
-WHERE order_no = $1 AND status = 'PENDING' AND amount = $2::numeric AND currency = $3`
+// payNewSQL records the callback's provider transaction for its order and money, and, if that
+// record is new, pays the order if it is PENDING with the callback's amount and currency and records
+// the payment: the common case in one statement. A transaction recorded before (or concurrently,
+// once that commits: the primary key makes this statement wait for it) pays nothing here.
+const payNewSQL = `
+WITH bound AS (
+	INSERT INTO payment_transactions (provider, provider_txn_id, order_no, amount, currency)
+	VALUES ($1, $2, $3, $4::numeric, $5)
+	ON CONFLICT (provider, provider_txn_id) DO NOTHING
+	RETURNING order_no
+), paid AS (
+	UPDATE orders
+	SET status = 'PAID', paid_at = $6, provider_txn_id = $2, updated_at = now()
+	WHERE order_no = (SELECT order_no FROM bound) AND status = 'PENDING' AND amount = $4::numeric AND currency = $5
+	RETURNING order_no
+), recorded AS (
+	INSERT INTO payments (provider, provider_txn_id, order_no, amount, currency, result, paid_at, idempotency_key)
+	SELECT $1, $2, order_no, $4::numeric, $5, 'SUCCESS', $6, $7 FROM paid
+	RETURNING order_no
+)
+SELECT EXISTS (SELECT FROM bound), EXISTS (SELECT FROM recorded)`
 
-// success applies a SUCCESS callback. The conditional UPDATE is the state change; it takes the
-// order's row lock, so concurrent callbacks for one order queue behind each other, and a loser's
-// UPDATE re-checks the winner's committed row and touches nothing. Only then, and in new statements
-// (which in READ COMMITTED see what the winner committed), does it find out why.
+// success applies a SUCCESS callback. payNewSQL is the state change of the common case; its UPDATE
+// takes the order's row lock, so concurrent callbacks for one order queue behind each other, and a
+// loser's UPDATE re-checks the winner's committed row and touches nothing. Only then, and in new
+// statements (which in READ COMMITTED see what the winner committed), does it find out why.
 func (a *application) success(ctx context.Context) (string, error) {
-	if paid, err := a.markPaid(ctx); err != nil || paid {
-		return effectPaid, err
+	cb := a.cb
+	var bound, paid bool
+	err := a.tx.QueryRow(ctx, payNewSQL, cb.Provider, cb.ProviderTxnID, cb.OrderNo, cb.Amount, cb.Currency,
+		cb.PaidAt, a.key).Scan(&bound, &paid)
+	if err != nil {
+		return "", classify(fmt.Errorf("payment: pay order %s: %w", cb.OrderNo, err))
+	}
+	if paid {
+		return effectPaid, nil
+	}
+	if !bound {
+		// Recorded before: for this order and this money, or the callback is refused.
+		if err := a.bind(ctx); err != nil {
+			return "", err
+		}
 	}
 
 	order, err := a.lockOrder(ctx, "FOR UPDATE")
@@ -159,8 +208,9 @@ func (a *application) success(ctx context.Context) (string, error) {
 		if !order.matches {
 			return a.anomaly(ctx, AmountMismatch, order)
 		}
-		// The order was committed after the UPDATE's snapshot was taken: with the row locked now,
-		// the same UPDATE cannot miss it again.
+		// The provider transaction was recorded before on this order (a FAILED attempt), or the
+		// order was committed after payNewSQL's snapshot was taken: with the row locked now, the
+		// UPDATE cannot miss it.
 		if paid, err := a.markPaid(ctx); err != nil || paid {
 			return effectPaid, err
 		}
@@ -178,8 +228,58 @@ func (a *application) success(ctx context.Context) (string, error) {
 	}
 }
 
-// upsertSuccessSQL records a successful payment. A row of the same provider transaction is upgraded
-// only from FAILED and only on the same order (a provider retrying one payment intent).
+// bindSQL records the callback's provider transaction for its order and money, unless it is
+// recorded already; a concurrent record of it makes the statement wait for that transaction's end.
+const bindSQL = `
+INSERT INTO payment_transactions (provider, provider_txn_id, order_no, amount, currency)
+VALUES ($1, $2, $3, $4::numeric, $5)
+ON CONFLICT (provider, provider_txn_id) DO NOTHING`
+
+// bind records the callback's provider transaction for its order, amount and currency, or checks
+// that it was recorded with those. A provider transaction belongs to one order and carries one
+// amount: one recorded for another order, or with other money, is refused (invalid_payload naming
+// the field), whatever its result and whatever the state of this order, so that no callback of it
+// is applied twice and no refund is ever flagged on a transaction that paid.
+func (a *application) bind(ctx context.Context) error {
+	cb := a.cb
+	tag, err := a.tx.Exec(ctx, bindSQL, cb.Provider, cb.ProviderTxnID, cb.OrderNo, cb.Amount, cb.Currency)
+	if err != nil {
+		return classify(fmt.Errorf("payment: record provider transaction: %w", err))
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	// A statement of its own: in READ COMMITTED it sees the row that the INSERT waited for.
+	var orderNo, amount, currency string
+	err = a.tx.QueryRow(ctx, `
+		SELECT order_no, amount::text, currency FROM payment_transactions
+		WHERE provider = $1 AND provider_txn_id = $2`,
+		cb.Provider, cb.ProviderTxnID).Scan(&orderNo, &amount, &currency)
+	if err != nil {
+		return classify(fmt.Errorf("payment: read recorded provider transaction: %w", err))
+	}
+	switch {
+	case orderNo != cb.OrderNo:
+		return invalid("provider_txn_id", "provider %s transaction %s is already recorded for order %s",
+			quote(cb.Provider), quote(cb.ProviderTxnID), quote(orderNo))
+	case amount != cb.Amount:
+		return invalid("amount", "provider %s transaction %s is already recorded with amount %s, got %s",
+			quote(cb.Provider), quote(cb.ProviderTxnID), amount, cb.Amount)
+	case currency != cb.Currency:
+		return invalid("currency", "provider %s transaction %s is already recorded in %s, got %s",
+			quote(cb.Provider), quote(cb.ProviderTxnID), currency, cb.Currency)
+	}
+	return nil
+}
+
+const markPaidSQL = `
+UPDATE orders
+SET status = 'PAID', paid_at = $4, provider_txn_id = $5, updated_at = now()
+WHERE order_no = $1 AND status = 'PENDING' AND amount = $2::numeric AND currency = $3`
+
+// upsertSuccessSQL records a successful payment. A row of the same provider transaction, which bind
+// has checked is this order's, is upgraded only from FAILED (a provider retrying one payment
+// intent).
 const upsertSuccessSQL = `
 INSERT INTO payments AS p (provider, provider_txn_id, order_no, amount, currency, result, paid_at, idempotency_key)
 VALUES ($1, $2, $3, $4::numeric, $5, 'SUCCESS', $6, $7)
@@ -188,13 +288,13 @@ SET result = 'SUCCESS', amount = excluded.amount, currency = excluded.currency, 
     idempotency_key = excluded.idempotency_key, received_at = now()
 WHERE p.result = 'FAILED' AND p.order_no = excluded.order_no`
 
-// markPaid moves the order PENDING → PAID if it is PENDING with the callback's amount and currency,
-// and records the payment. It reports whether it did.
+// markPaid moves the locked order PENDING → PAID if it is PENDING with the callback's amount and
+// currency, and records the payment. It reports whether it did.
 func (a *application) markPaid(ctx context.Context) (bool, error) {
 	cb := a.cb
 	tag, err := a.tx.Exec(ctx, markPaidSQL, cb.OrderNo, cb.Amount, cb.Currency, cb.PaidAt, cb.ProviderTxnID)
 	if err != nil {
-		return false, inbox.Classify(fmt.Errorf("payment: mark order %s paid: %w", cb.OrderNo, err))
+		return false, classify(fmt.Errorf("payment: mark order %s paid: %w", cb.OrderNo, err))
 	}
 	if tag.RowsAffected() == 0 {
 		return false, nil
@@ -202,19 +302,13 @@ func (a *application) markPaid(ctx context.Context) (bool, error) {
 	tag, err = a.tx.Exec(ctx, upsertSuccessSQL, cb.Provider, cb.ProviderTxnID, cb.OrderNo, cb.Amount,
 		cb.Currency, cb.PaidAt, a.key)
 	if err != nil {
-		return false, inbox.Classify(fmt.Errorf("payment: record payment: %w", err))
+		return false, classify(fmt.Errorf("payment: record payment: %w", err))
 	}
 	if tag.RowsAffected() == 0 {
-		// The transaction is recorded against another order (or already succeeded there). The
-		// error rolls back the order update too.
-		var other string
-		err := a.tx.QueryRow(ctx, `SELECT order_no FROM payments WHERE provider = $1 AND provider_txn_id = $2`,
-			cb.Provider, cb.ProviderTxnID).Scan(&other)
-		if err != nil {
-			return false, inbox.Classify(fmt.Errorf("payment: read recorded payment: %w", err))
-		}
-		return false, invalid("provider_txn_id", "provider %s transaction %s is already recorded for order %s",
-			quote(cb.Provider), quote(cb.ProviderTxnID), quote(other))
+		// A successful payment of this transaction on this PENDING order: the order was changed
+		// behind the worker's back. The error rolls back the order update too.
+		return false, fmt.Errorf("payment: order %s is PENDING but provider %s transaction %s already paid it",
+			quote(cb.OrderNo), quote(cb.Provider), quote(cb.ProviderTxnID))
 	}
 	return true, nil
 }
@@ -222,6 +316,9 @@ func (a *application) markPaid(ctx context.Context) (bool, error) {
 // failed applies a FAILED callback: it never changes the order, and records the failed payment
 // unless its provider transaction is already recorded or paid the order.
 func (a *application) failed(ctx context.Context) (string, error) {
+	if err := a.bind(ctx); err != nil {
+		return "", err
+	}
 	// FOR SHARE waits for a SUCCESS in flight on this order, so that its outcome is seen below.
 	order, err := a.lockOrder(ctx, "FOR SHARE")
 	if err != nil {
@@ -239,7 +336,7 @@ func (a *application) failed(ctx context.Context) (string, error) {
 		ON CONFLICT (provider, provider_txn_id) DO NOTHING`,
 		cb.Provider, cb.ProviderTxnID, cb.OrderNo, cb.Amount, cb.Currency, cb.PaidAt, a.key)
 	if err != nil {
-		return "", inbox.Classify(fmt.Errorf("payment: record failed payment: %w", err))
+		return "", classify(fmt.Errorf("payment: record failed payment: %w", err))
 	}
 	if tag.RowsAffected() == 0 {
 		return "", inbox.ErrAlreadyApplied
@@ -269,7 +366,7 @@ func (a *application) lockOrder(ctx context.Context, lock string) (order, error)
 			fmt.Errorf("payment: order %s not found", quote(a.cb.OrderNo)))
 	}
 	if err != nil {
-		return o, inbox.Classify(fmt.Errorf("payment: lock order %s: %w", a.cb.OrderNo, err))
+		return o, classify(fmt.Errorf("payment: lock order %s: %w", a.cb.OrderNo, err))
 	}
 	return o, nil
 }
@@ -300,7 +397,7 @@ func (a *application) payingProviders(ctx context.Context, o order) ([]string, e
 		ORDER BY provider`, a.cb.OrderNo, *o.txnID)
 	providers, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, inbox.Classify(fmt.Errorf("payment: read payments of order %s: %w", a.cb.OrderNo, err))
+		return nil, classify(fmt.Errorf("payment: read payments of order %s: %w", a.cb.OrderNo, err))
 	}
 	return providers, nil
 }
@@ -320,7 +417,8 @@ type anomalyDetail struct {
 }
 
 // anomaly records the callback as an anomaly of kind, unless its provider transaction is already
-// flagged (of any kind; the order's row lock serialises the check): then it is a duplicate.
+// flagged (of any kind): then it is a duplicate. The unique index on (provider, provider_txn_id)
+// decides, not a read: a concurrent second writer waits for the first and then inserts nothing.
 func (a *application) anomaly(ctx context.Context, kind string, o order) (string, error) {
 	cb := a.cb
 	detail := anomalyDetail{
@@ -348,15 +446,29 @@ func (a *application) anomaly(ctx context.Context, kind string, o order) (string
 	}
 	tag, err := a.tx.Exec(ctx, `
 		INSERT INTO payment_anomalies (order_no, provider, provider_txn_id, kind, detail)
-		SELECT $1, $2, $3, $4, $5::jsonb
-		WHERE NOT EXISTS (SELECT FROM payment_anomalies WHERE provider = $2 AND provider_txn_id = $3)
-		ON CONFLICT (provider, provider_txn_id, kind) DO NOTHING`,
+		VALUES ($1, $2, $3, $4, $5::jsonb)
+		ON CONFLICT DO NOTHING`,
 		cb.OrderNo, cb.Provider, cb.ProviderTxnID, kind, string(detailJSON))
 	if err != nil {
-		return "", inbox.Classify(fmt.Errorf("payment: record anomaly %s: %w", kind, err))
+		return "", classify(fmt.Errorf("payment: record anomaly %s: %w", kind, err))
 	}
 	if tag.RowsAffected() == 0 {
 		return "", inbox.ErrAlreadyApplied
 	}
 	return kind, nil
+}
+
+// sqlstateUniqueViolation is the SQLSTATE of a unique violation.
+const sqlstateUniqueViolation = "23505"
+
+// classify is inbox.Classify, but for a unique violation, which is retryable. Every statement here
+// that can meet one of the constraints binding a provider transaction says ON CONFLICT, so only a
+// row written outside these rules (an operator's hand, a database restored from before them) can
+// raise one; retried, the callback sees that row and gets its outcome, never a handler_error.
+func classify(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == sqlstateUniqueViolation {
+		return fault.Retryable(err)
+	}
+	return inbox.Classify(err)
 }

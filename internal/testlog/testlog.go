@@ -3,6 +3,7 @@
 package testlog
 
 import (
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -53,4 +54,108 @@ func (w *writer) close() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.closed = true
+}
+
+// Record is one log record as a test inspects it: its level, message and attributes, groups
+// flattened into dotted keys.
+type Record struct {
+	Level   slog.Level
+	Message string
+	Attrs   map[string]slog.Value
+}
+
+// Has reports whether the record has an attribute whose value, as text, is value.
+func (r Record) Has(value string) bool {
+	for _, v := range r.Attrs {
+		if v.String() == value {
+			return true
+		}
+	}
+	return false
+}
+
+// Records keeps the records of a logger made by Capture.
+type Records struct {
+	mu      sync.Mutex
+	records []Record
+}
+
+// All returns the records logged so far.
+func (r *Records) All() []Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Record(nil), r.records...)
+}
+
+// Capture is New, whose records are also kept for the test to inspect: what a component logs is
+// part of what it promises (each retry with its attempt and delay, a warning at start).
+func Capture(tb testing.TB) (*slog.Logger, *Records) {
+	records := &Records{}
+	return slog.New(&captureHandler{next: New(tb).Handler(), records: records}), records
+}
+
+type captureHandler struct {
+	next    slog.Handler
+	records *Records
+	attrs   []slog.Attr
+	group   string
+}
+
+func (h *captureHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *captureHandler) Handle(ctx context.Context, r slog.Record) error {
+	rec := Record{Level: r.Level, Message: r.Message, Attrs: map[string]slog.Value{}}
+	for _, a := range h.attrs {
+		rec.Attrs[a.Key] = a.Value.Resolve()
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		flatten(rec.Attrs, h.group, a)
+		return true
+	})
+	h.records.mu.Lock()
+	h.records.records = append(h.records.records, rec)
+	h.records.mu.Unlock()
+	if h.next.Enabled(ctx, r.Level) {
+		return h.next.Handle(ctx, r)
+	}
+	return nil
+}
+
+func flatten(into map[string]slog.Value, prefix string, a slog.Attr) {
+	key := a.Key
+	if prefix != "" {
+		key = prefix + "." + a.Key
+	}
+	v := a.Value.Resolve()
+	if v.Kind() == slog.KindGroup {
+		for _, g := range v.Group() {
+			flatten(into, key, g)
+		}
+		return
+	}
+	into[key] = v
+}
+
+func (h *captureHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	c := *h
+	c.next = h.next.WithAttrs(attrs)
+	c.attrs = append([]slog.Attr(nil), h.attrs...)
+	for _, a := range attrs {
+		m := map[string]slog.Value{}
+		flatten(m, h.group, a)
+		for k, v := range m {
+			c.attrs = append(c.attrs, slog.Attr{Key: k, Value: v})
+		}
+	}
+	return &c
+}
+
+func (h *captureHandler) WithGroup(name string) slog.Handler {
+	c := *h
+	c.next = h.next.WithGroup(name)
+	if c.group != "" {
+		name = c.group + "." + name
+	}
+	c.group = name
+	return &c
 }

@@ -3,7 +3,7 @@
 //
 // A Provider delivers each key once: a repeated request with the same key and body gets the first
 // answer's message id again and delivers nothing; the same key with a different body is refused with
-// 422. It counts the requests of each key, and hooks let a test delay or fail requests (SetHook) or act
+// 422. It counts the requests of each key, and how many of them it answers at the same time; hooks let a test delay or fail requests (SetHook) or act
 // in the moment between accepting a message and answering (SetOnDelivered: kill the worker there to
 // test the window between the provider's acceptance and the commit). It is for tests only; it is not
 // a provider emulator beyond the contract.
@@ -65,14 +65,17 @@ type Provider struct {
 	hook        func(Request) Reply
 	onDelivered func(context.Context, Request)
 	keys        map[string]*keyState
+	inFlight    int // requests being answered now, all keys
 	requests    []Request
 	delivered   []Request
 }
 
 type keyState struct {
-	calls int
-	id    string // set once delivered
-	body  []byte // the delivered request's body, to tell a resend from a reused key
+	calls    int
+	inFlight int    // requests being answered now
+	peak     int    // the most requests answered at the same time
+	id       string // set once delivered
+	body     []byte // the delivered request's body, to tell a resend from a reused key
 }
 
 // NewProvider starts a Provider on a local port. It stops when the test ends.
@@ -122,6 +125,24 @@ func (p *Provider) Calls(key string) int {
 		return k.calls
 	}
 	return 0
+}
+
+// MostConcurrent returns the most requests with key that the provider was answering at the same
+// time: more than 1 means the key was called again while a call of it was out.
+func (p *Provider) MostConcurrent(key string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if k := p.keys[key]; k != nil {
+		return k.peak
+	}
+	return 0
+}
+
+// InFlight returns how many well-formed requests the provider is answering now.
+func (p *Provider) InFlight() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.inFlight
 }
 
 // Requests returns every well-formed request received, in order.
@@ -201,6 +222,15 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 		p.keys[req.Key] = k
 	}
 	k.calls++
+	k.inFlight++
+	k.peak = max(k.peak, k.inFlight)
+	p.inFlight++
+	defer func() {
+		p.mu.Lock()
+		k.inFlight--
+		p.inFlight--
+		p.mu.Unlock()
+	}()
 	req.Call = k.calls
 	req.Params = maps.Clone(req.Params)
 	p.requests = append(p.requests, req)

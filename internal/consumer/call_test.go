@@ -1,0 +1,273 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/inbox"
+)
+
+// caller is a CallHandler whose call is a function of the test (nil: it succeeds) and whose
+// completion records the delivery in effects. It counts the calls of each key, and fails a call
+// made while another of its key is out.
+type caller struct {
+	call func(ctx context.Context, d inbox.Delivery) error
+
+	mu       sync.Mutex
+	calls    map[string]int
+	inFlight map[string]int
+	overlaps []string // keys called while a call of theirs was out
+}
+
+func newCaller(call func(ctx context.Context, d inbox.Delivery) error) *caller {
+	return &caller{call: call, calls: map[string]int{}, inFlight: map[string]int{}}
+}
+
+func (h *caller) Check(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
+	if strings.Contains(string(d.Value), `"bad":true`) {
+		return fault.Permanentf(fault.InvalidPayload, "invalid event")
+	}
+	return nil
+}
+
+func (h *caller) Call(ctx context.Context, d inbox.Delivery) (consumer.Completion, error) {
+	h.mu.Lock()
+	h.calls[d.Key]++
+	h.inFlight[d.Key]++
+	if h.inFlight[d.Key] > 1 {
+		h.overlaps = append(h.overlaps, d.Key)
+	}
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		h.inFlight[d.Key]--
+		h.mu.Unlock()
+	}()
+	if h.call != nil {
+		if err := h.call(ctx, d); err != nil {
+			return nil, err
+		}
+	}
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects (key, body) VALUES ($1, $2)`, d.Key, string(d.Value))
+		return err
+	}, nil
+}
+
+func (h *caller) callsOf(key string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.calls[key]
+}
+
+// callConfig is the test configuration with h as the route's handler.
+func (e *env) callConfig(h consumer.CallHandler) consumer.Config {
+	config := e.config(&recorder{})
+	config.Routes[0].Handler = h
+	return config
+}
+
+// leases returns the keys that have a row in inbox_leases.
+func (e *env) leases() map[string]int {
+	e.t.Helper()
+	return countBy(e.t, e.db.Pool, `SELECT idempotency_key, count(*) FROM inbox_leases GROUP BY idempotency_key`)
+}
+
+// TestCallHandler runs a CallHandler's messages through the consumer: each key called once and
+// recorded once, redeliveries skipped without a call, a rejected call or an invalid message
+// dead-lettered without a record, a panic dead-lettered, no lease left behind.
+func TestCallHandler(t *testing.T) {
+	t.Parallel()
+	e := setup(t, consumer.PerBatch, 2)
+	rejected := errors.New("the other service said no")
+	h := newCaller(func(ctx context.Context, d inbox.Delivery) error {
+		switch d.Key {
+		case "rejected":
+			return fault.Permanent(fault.ProviderRejected, rejected)
+		case "busy":
+			if d.Attempt == 1 {
+				return fault.Retryable(errors.New("busy, try again"))
+			}
+		case "panics":
+			panic("the call panicked")
+		}
+		return nil
+	})
+	config := e.callConfig(h)
+	e.start(config)
+	msgs := e.produce("a", "b", "rejected", "busy", "panics", "c")
+	e.kafka.Produce(t, topic, msgs[0]) // a redelivery of a
+	e.kafka.Produce(t, topic, kafka.Message{Key: []byte("order-invalid"), Value: []byte(`{"event_id":"invalid","bad":true}`)})
+	total := int64(len(msgs) + 2)
+	e.waitFor("every message finished", func() bool { return e.committed() == total })
+
+	if got := e.effects(); len(got) != 4 || got["a"] != 1 || got["b"] != 1 || got["busy"] != 1 || got["c"] != 1 {
+		t.Fatalf("effects %v; want a, b, busy and c once each", got)
+	}
+	for key, want := range map[string]int{"a": 1, "b": 1, "c": 1, "busy": 2, "rejected": 1, "panics": 1, "invalid": 0} {
+		if got := h.callsOf(key); got != want {
+			t.Errorf("key %s called %d times, want %d", key, got, want)
+		}
+	}
+	reasons := map[string]string{}
+	for _, m := range e.deadLetters() {
+		key, _, _ := consumer.IdempotencyKey(m)
+		reasons[key] = header(m, "dlq-reason")
+	}
+	want := map[string]string{"rejected": "provider_rejected", "panics": "handler_error", "invalid": "invalid_payload"}
+	if fmt.Sprint(reasons) != fmt.Sprint(want) {
+		t.Fatalf("dead letters %v, want %v", reasons, want)
+	}
+	if leases := e.leases(); len(leases) != 0 {
+		t.Fatalf("leases left: %v", leases)
+	}
+	if len(h.overlaps) != 0 {
+		t.Fatalf("keys called while a call of theirs was out: %v", h.overlaps)
+	}
+}
+
+// TestCallLeaseHeld: a message whose key another live worker holds the lease of is retried, not
+// called, until that lease expires; then it is taken over and called once.
+func TestCallLeaseHeld(t *testing.T) {
+	t.Parallel()
+	e := setup(t, consumer.PerMessage, 1)
+	if _, err := e.db.Pool.Exec(context.Background(), `
+		INSERT INTO inbox_leases (handler, idempotency_key, holder, expires_at, attempts)
+		VALUES ($1, 'held', 'another-worker', now() + interval '1 second', 1)`, handler); err != nil {
+		t.Fatal(err)
+	}
+	var takenOver []bool
+	var mu sync.Mutex
+	h := newCaller(func(ctx context.Context, d inbox.Delivery) error {
+		var others int
+		err := e.db.Pool.QueryRow(ctx, `SELECT count(*) FROM inbox_leases WHERE holder = 'another-worker'`).Scan(&others)
+		mu.Lock()
+		takenOver = append(takenOver, err == nil && others == 0)
+		mu.Unlock()
+		return err
+	})
+	config := e.callConfig(h)
+	e.start(config)
+	e.produce("held")
+	e.waitFor("the message finished", func() bool { return e.committed() == 1 })
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(takenOver) != 1 || !takenOver[0] {
+		t.Fatalf("calls %v (whether the other worker's lease was gone); want one call, after it was", takenOver)
+	}
+	if retries := testutilRetries(config); retries < 1 {
+		t.Fatalf("%v retries, want at least one while the lease was held", retries)
+	}
+	if got := e.effects(); got["held"] != 1 {
+		t.Fatalf("effects %v, want held once", got)
+	}
+}
+
+// testutilRetries is the retries_total metric of the test topic.
+func testutilRetries(config consumer.Config) float64 {
+	return testutil.ToFloat64(config.Metrics.Retries.WithLabelValues(topic))
+}
+
+// partitionKey returns a Kafka message key that producers (kafka-go's Hash balancer) send to
+// partition p of n.
+func partitionKey(p, n int) []byte {
+	partitions := make([]int, n)
+	for i := range partitions {
+		partitions[i] = i
+	}
+	for i := 0; ; i++ {
+		key := fmt.Appendf(nil, "key-%d", i)
+		if (&kafka.Hash{}).Balance(kafka.Message{Key: key}, partitions...) == p {
+			return key
+		}
+	}
+}
+
+// TestCallHoldsNoTransaction: with a call out, the consumer holds no connection and no session is
+// in a transaction.
+func TestCallHoldsNoTransaction(t *testing.T) {
+	t.Parallel()
+	e := setup(t, consumer.PerBatch, 4)
+	pool, app := newPool(t, e.db.URL, 4)
+	store, err := inbox.NewStore(pool, inbox.Config{Logger: e.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan string, 4)
+	release := make(chan struct{})
+	h := newCaller(func(ctx context.Context, d inbox.Delivery) error {
+		out <- d.Key
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	config := e.callConfig(h)
+	config.Pool, config.Store = pool, store
+	e.start(config)
+	defer close(release)
+	// One message per partition: each partition has one call out at a time.
+	for p := range 4 {
+		key := fmt.Sprintf("p%d", p)
+		e.kafka.Produce(t, topic, kafka.Message{Key: partitionKey(p, 4), Value: eventValue(key, p)})
+	}
+	for range 4 {
+		select {
+		case <-out:
+		case <-time.After(60 * time.Second):
+			t.Fatal("the calls never got out")
+		}
+	}
+	var inTx int
+	if err := e.db.Pool.QueryRow(context.Background(), `
+		SELECT count(*) FROM pg_stat_activity
+		WHERE application_name = $1 AND state LIKE 'idle in transaction%'`, app).Scan(&inTx); err != nil {
+		t.Fatal(err)
+	}
+	if acquired := pool.Stat().AcquiredConns(); acquired != 0 || inTx != 0 {
+		t.Fatalf("with 4 calls out: %d connections taken, %d sessions idle in a transaction; want none", acquired, inTx)
+	}
+}
+
+// newPool opens a pool of at most maxConns sessions on databaseURL, all with the returned
+// application_name, so that the test can find them in pg_stat_activity.
+func newPool(t *testing.T, databaseURL string, maxConns int32) (*pgxpool.Pool, string) {
+	t.Helper()
+	config, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fmt.Sprintf("consumer_test_%d", time.Now().UnixNano())
+	config.MaxConns = maxConns
+	config.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(context.Background(), config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, app
+}
+
+func TestNewRejectsAnythingButAHandler(t *testing.T) {
+	t.Parallel()
+	config := testConfig("127.0.0.1:1", lazyPool(t), &inbox.Store{}, &recorder{}, consumer.PerMessage, nil)
+	config.Routes[0].Handler = "a string"
+	if _, err := consumer.New(config); err == nil || !strings.Contains(err.Error(), "Config.Routes[0].Handler is a string") {
+		t.Fatalf("New: %v; want an error naming Config.Routes[0].Handler and its type", err)
+	}
+}

@@ -1,0 +1,134 @@
+package deadletter
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxworker/inboxworker/internal/fault"
+)
+
+// Stored is a dead letter kept in the dead_letters table because its dead-letter topic refused it.
+// It holds everything the dead letter would have carried.
+type Stored struct {
+	// ID is the row's, set by the table.
+	ID int64
+	// DLQTopic is the dead-letter topic that refused it.
+	DLQTopic string
+	Letter   Letter
+	Key      []byte
+	Value    []byte
+	// Headers are the dead letter's: the original message's, then the dlq-* ones (Letter.Headers).
+	Headers []kafka.Header
+	// WriteError says why the dead-letter topic refused it.
+	WriteError string
+	// StoredAt is set by the table.
+	StoredAt time.Time
+}
+
+// DB is what Store needs of Postgres: a pool, a connection or a transaction.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Store keeps dead letters in the dead_letters table (migration 00005). Every method is one short
+// statement, safe for concurrent use, and returns Postgres's errors as they are, for the caller to
+// classify.
+//
+// A dead letter may be stored twice (a crash after the row was written and before the offset of its
+// message was committed); never none. There is no unique constraint to stop that: a message's
+// position does not identify it once a topic is recreated, and a duplicate is harmless to replay,
+// since the inbox skips a key applied before.
+type Store struct{ db DB }
+
+// NewStore returns a Store on db.
+func NewStore(db DB) *Store { return &Store{db: db} }
+
+// Save stores d, whose dead-letter topic refused it, in one INSERT, and returns its row's id. Text
+// Postgres cannot hold (NUL, invalid UTF-8) is replaced, so that no error text can make it fail;
+// keys, values and headers are stored as bytes, as they came.
+func (s *Store) Save(ctx context.Context, d Stored) (id int64, err error) {
+	names := make([][]byte, len(d.Headers))
+	values := make([][]byte, len(d.Headers))
+	for i, h := range d.Headers {
+		names[i], values[i] = []byte(h.Key), h.Value
+	}
+	err = s.db.QueryRow(ctx, `
+		INSERT INTO dead_letters (dlq_topic, original_topic, original_partition, original_offset,
+			message_key, message_value, header_names, header_values,
+			reason, error, attempts, failed_at, write_error)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+		RETURNING id`,
+		text(d.DLQTopic), text(d.Letter.Topic), d.Letter.Partition, d.Letter.Offset,
+		d.Key, d.Value, names, values,
+		text(string(d.Letter.Reason)), text(d.Letter.Error), d.Letter.Attempts, d.Letter.FailedAt,
+		text(truncate(d.WriteError, MaxErrorLen))).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("store the dead letter in dead_letters: %w", err)
+	}
+	return id, nil
+}
+
+// Pending calls fn with each dead letter of dlqTopic not yet replayed, oldest first, until fn
+// returns false or an error.
+func (s *Store) Pending(ctx context.Context, dlqTopic string, fn func(Stored) (more bool, err error)) error {
+	rows, err := s.db.Query(ctx, `
+		SELECT id, dlq_topic, original_topic, original_partition, original_offset,
+			message_key, message_value, header_names, header_values,
+			reason, error, attempts, failed_at, write_error, stored_at
+		FROM dead_letters
+		WHERE dlq_topic = $1 AND replayed_at IS NULL
+		ORDER BY id`, dlqTopic)
+	if err != nil {
+		return fmt.Errorf("read the dead letters of %s in dead_letters: %w", dlqTopic, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var d Stored
+		var names, values [][]byte
+		var reason string
+		err := rows.Scan(&d.ID, &d.DLQTopic, &d.Letter.Topic, &d.Letter.Partition, &d.Letter.Offset,
+			&d.Key, &d.Value, &names, &values,
+			&reason, &d.Letter.Error, &d.Letter.Attempts, &d.Letter.FailedAt, &d.WriteError, &d.StoredAt)
+		if err != nil {
+			return fmt.Errorf("read the dead letters of %s in dead_letters: %w", dlqTopic, err)
+		}
+		d.Letter.Reason = fault.Reason(reason)
+		if len(names) != len(values) {
+			return fmt.Errorf("dead_letters row %d: %d header names for %d values", d.ID, len(names), len(values))
+		}
+		for i := range names {
+			d.Headers = append(d.Headers, kafka.Header{Key: string(names[i]), Value: values[i]})
+		}
+		more, err := fn(d)
+		if err != nil || !more {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read the dead letters of %s in dead_letters: %w", dlqTopic, err)
+	}
+	return nil
+}
+
+// MarkReplayed records that the dead letter id was put back on its original topic: Pending no
+// longer returns it. The row stays, as the dead-letter topic keeps its messages, for the record.
+func (s *Store) MarkReplayed(ctx context.Context, id int64) error {
+	_, err := s.db.Exec(ctx, `UPDATE dead_letters SET replayed_at = now() WHERE id = $1`, id)
+	if err != nil {
+		return fmt.Errorf("mark dead_letters row %d replayed: %w", id, err)
+	}
+	return nil
+}
+
+// text is s as a text column holds it: valid UTF-8 without NUL.
+func text(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}

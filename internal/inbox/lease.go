@@ -1,0 +1,276 @@
+package inbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxworker/inboxworker/internal/fault"
+)
+
+// Call is an effect whose substance is a call to another service (an SMS gateway, a payment
+// provider): a network call that must not run inside a transaction, since it would hold a pooled
+// connection and the key's row lock for as long as the other service takes to answer.
+// Store.ProcessCall runs it in three steps, none of which holds a connection across the call:
+//
+//  1. claim, in a short transaction of its own: unless the key is already applied, take a lease on
+//     it in inbox_leases, which keeps every other worker from calling for the key until it ends;
+//  2. Run, with no transaction open and no connection held;
+//  3. complete, in one transaction: the key's inbox row, the effect Run returned (the handler's
+//     record of the call) and the release of the lease.
+//
+// The other service must accept a repeated call with the same idempotency key as one: a process that
+// dies between the call and the commit leaves its lease to expire, and the next delivery takes the
+// lease over and calls again with the same key.
+type Call struct {
+	// Lease is how long a claim on the key lasts. Run's context ends when two thirds of it have
+	// passed; the last third covers a request the other service may still be working on after the
+	// client gave up. It must exceed the call's own timeout with room to spare. Required.
+	Lease time.Duration
+	// Check, when set, runs in the claim's transaction when the key has no inbox row. It returns nil
+	// to go on with the call, ErrAlreadyApplied when the handler's own records show the effect
+	// happened already (the key's inbox row has expired; the inbox row is then recorded again and the
+	// outcome is Duplicate), or an error that ends the attempt without a lease (a payload that can
+	// never be called with, say).
+	Check Effect
+	// Run makes the call and returns the effect that records its result, which runs in the inbox
+	// transaction of step 3 and must do database work only. attempt counts the calls for the key,
+	// this one included, across processes: claims that went on to call, whether their process died
+	// or their call failed. Required.
+	Run func(ctx context.Context, attempt int) (Effect, error)
+}
+
+// ErrLeaseHeld is the cause of the error ProcessCall returns when another claim holds a live lease
+// on the key: a call for it may be in flight. That error is retryable (package fault), no sooner
+// than the lease ends.
+var ErrLeaseHeld = errors.New("inbox: another claim holds the lease on the key")
+
+// ProcessCall runs call for msg in the three steps Call describes. It returns Applied when the call's
+// effect committed with the key, Duplicate or KeyReused when the key was already recorded (no call
+// was made), or an error, in which case nothing was recorded and the lease is released — unless the
+// call was abandoned when its context ended, or Postgres cannot be reached: then the lease is left to
+// expire. A live lease held by another claim is a retryable error wrapping ErrLeaseHeld whose
+// RetryAfter is the lease's remaining time.
+//
+// A call error is returned as it is; a Postgres error is classified (see Classify).
+func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcome, error) {
+	switch {
+	case msg.Handler == "" || msg.Key == "":
+		return "", fmt.Errorf("inbox: message needs a handler and a key, got %q and %q", msg.Handler, msg.Key)
+	case call.Lease <= 0 || call.Run == nil:
+		return "", errors.New("inbox: Call.Lease and Call.Run are required")
+	}
+	// Taken before the claim, so that the deadline on this clock falls before the lease's end on
+	// Postgres's clock, whatever their offset.
+	deadline := time.Now().Add(call.Lease * 2 / 3)
+	l := &lease{msg: msg, holder: newHolder()}
+	outcome, err := s.lease(ctx, l, call)
+	if err != nil || outcome != "" {
+		return outcome, err
+	}
+
+	callCtx, cancel := context.WithDeadline(ctx, deadline)
+	effect, err := call.Run(callCtx, l.attempts)
+	abandoned := callCtx.Err() != nil
+	cancel()
+	if err != nil {
+		// A call that ended on its own (an answer that says no, a refused connection) is over: the
+		// next claim may call at once. One whose context ended (the lease's deadline, a rebalance, a
+		// shutdown) was abandoned, and the other service may still be working on it: its lease stays
+		// until it expires, so that no other call of the key overlaps it.
+		if !abandoned {
+			kind, _, _ := fault.Classify(err)
+			s.release(ctx, l, kind == fault.KindPermanent)
+		}
+		return "", err
+	}
+
+	var lost bool
+	outcome, err = s.Process(ctx, msg, func(ctx context.Context, tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, forgetLeaseSQL, msg.Handler, msg.Key, l.holder)
+		if err != nil {
+			return Classify(fmt.Errorf("inbox: release the lease: %w", err))
+		}
+		// No row: another claim took the lease over after it expired, so this call outlived its
+		// lease, which its deadline should prevent. Its result is still true, and is recorded; the
+		// other claim's completion will find the key applied.
+		lost = tag.RowsAffected() == 0
+		return effect(ctx, tx)
+	})
+	switch {
+	case err != nil:
+		// Nothing committed: the retry, if any, calls again.
+		kind, _, _ := fault.Classify(err)
+		s.release(ctx, l, kind == fault.KindPermanent)
+	case outcome != Applied:
+		s.release(ctx, l, true) // recorded by another claim
+	case lost:
+		s.config.Logger.WarnContext(ctx, "the lease on the key was taken over while the call ran",
+			slog.String("handler", msg.Handler), slog.String("key", msg.Key))
+	}
+	return outcome, err
+}
+
+// lease is one claim on a key.
+type lease struct {
+	msg      Message
+	holder   string
+	attempts int // the key's calls, this claim's included
+}
+
+// newHolder names a claim: the host and process, for an operator reading inbox_leases, and a random
+// part that tells two claims of one process apart.
+func newHolder() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b))
+}
+
+// takeLeaseSQL takes the key's lease unless a live one is held: a new row, or an expired row taken
+// over. It returns nothing when another claim's lease is live. now() is the claim transaction's
+// start, which errs on the side of a lease being live.
+const takeLeaseSQL = `
+INSERT INTO inbox_leases (handler, idempotency_key, holder, expires_at, attempts)
+VALUES ($1, $2, $3, now() + $4 * interval '1 microsecond', 1)
+ON CONFLICT (handler, idempotency_key) DO UPDATE
+SET holder = excluded.holder, expires_at = excluded.expires_at, attempts = inbox_leases.attempts + 1,
+    claimed_at = now()
+WHERE inbox_leases.expires_at <= now()
+RETURNING attempts`
+
+// A lease is released in one of two ways. Expired at once, it keeps its count of attempts for the
+// next claim, which calls again. Forgotten, it is deleted: once the key is recorded, or its message
+// fails for good.
+const (
+	expireLeaseSQL = `UPDATE inbox_leases SET expires_at = now()
+WHERE handler = $1 AND idempotency_key = $2 AND holder = $3`
+	forgetLeaseSQL = `DELETE FROM inbox_leases WHERE handler = $1 AND idempotency_key = $2 AND holder = $3`
+)
+
+// lease is step 1 of ProcessCall: in one transaction, it takes l's lease, then looks for the key's
+// inbox row, then runs call.Check. It returns Duplicate or KeyReused (and keeps no lease) when the
+// key is applied, "" when the lease is held.
+//
+// The lease is taken before the inbox row is looked for: a claim that waited for another's
+// completion (which deletes the lease row and writes the inbox row in one transaction) then reads
+// that inbox row in its next statement, and calls nobody.
+//
+// The claim's commit does not wait for the WAL to reach the disk (synchronous_commit off): a lease
+// lost in a crash of Postgres itself only lets another worker call for the key while the first call
+// may still be in flight, which the other service's idempotency absorbs; the complete step, which
+// records the effect, commits synchronously. This spares one flush per message.
+func (s *Store) lease(ctx context.Context, l *lease, call Call) (Outcome, error) {
+	msg := l.msg
+	var outcome Outcome
+	err := WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		b.Queue(`SELECT set_config('synchronous_commit', $1, true)`, claimSynchronousCommit)
+		b.Queue(takeLeaseSQL, msg.Handler, msg.Key, l.holder, call.Lease.Microseconds())
+		b.Queue(`SELECT fingerprint FROM inbox WHERE handler = $1 AND idempotency_key = $2`, msg.Handler, msg.Key)
+		results := tx.SendBatch(ctx, b)
+		_, err := results.Exec()
+		if err == nil {
+			err = results.QueryRow().Scan(&l.attempts)
+		}
+		taken := err == nil
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = nil
+		}
+		var stored []byte
+		if err == nil {
+			err = results.QueryRow().Scan(&stored)
+		}
+		found := err == nil
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = nil
+		}
+		if err := errors.Join(err, results.Close()); err != nil {
+			return Classify(fmt.Errorf("inbox: claim the lease: %w", err))
+		}
+
+		switch {
+		case found && string(stored) == string(msg.Fingerprint[:]):
+			outcome = Duplicate
+			return errRollback // the lease, if taken, goes with the rollback
+		case found:
+			outcome = KeyReused
+			return errRollback
+		case !taken:
+			return s.leaseHeld(ctx, tx, msg)
+		}
+		if call.Check == nil {
+			return nil
+		}
+		switch err := call.Check(ctx, tx); {
+		case errors.Is(err, ErrAlreadyApplied):
+			// Applied under this key before its inbox row expired: remember the key again.
+			if _, err := tx.Exec(ctx, forgetLeaseSQL, msg.Handler, msg.Key, l.holder); err != nil {
+				return Classify(fmt.Errorf("inbox: release the lease: %w", err))
+			}
+			outcome, err = s.claim(ctx, tx, msg)
+			if err == nil && outcome == Applied {
+				outcome = Duplicate
+			}
+			return err
+		case err != nil:
+			return classifyEffectError(ctx, tx, err)
+		}
+		return nil
+	})
+	if errors.Is(err, errRollback) {
+		err = nil
+	}
+	return outcome, err
+}
+
+// claimSynchronousCommit is the claim transaction's synchronous_commit: "off" (see lease). The
+// benchmark of the claim compares it with "on".
+var claimSynchronousCommit = "off"
+
+// errRollback ends a claim transaction that found the key applied: nothing it did is kept.
+var errRollback = errors.New("inbox: roll back")
+
+// leaseHeld returns the retryable error of a claim that found msg's lease live.
+func (s *Store) leaseHeld(ctx context.Context, tx pgx.Tx, msg Message) error {
+	var seconds float64
+	var holder string
+	err := tx.QueryRow(ctx, `
+		SELECT holder, greatest(extract(epoch FROM expires_at - clock_timestamp()), 0)::float8
+		FROM inbox_leases WHERE handler = $1 AND idempotency_key = $2`,
+		msg.Handler, msg.Key).Scan(&holder, &seconds)
+	remaining := time.Duration(seconds * float64(time.Second))
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// Released since: its holder has just completed or given up. Retry at once.
+	case err != nil:
+		return Classify(fmt.Errorf("inbox: read the lease: %w", err))
+	}
+	return &fault.Error{Kind: fault.KindRetryable, RetryAfter: remaining,
+		Err: fmt.Errorf("%w (%s, for %s more)", ErrLeaseHeld, holder, remaining.Round(time.Millisecond))}
+}
+
+// release ends l's lease after a call that failed or whose completion did not commit: the call is
+// over, so the next claim need not wait for the lease to expire. forget deletes the lease (the
+// message has failed for good, or the key is recorded); otherwise it expires at once and keeps its
+// count of attempts. It runs even when ctx is cancelled. A failed release is logged; the lease then
+// expires in its time.
+func (s *Store) release(ctx context.Context, l *lease, forget bool) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	sql := expireLeaseSQL
+	if forget {
+		sql = forgetLeaseSQL
+	}
+	if _, err := s.pool.Exec(rctx, sql, l.msg.Handler, l.msg.Key, l.holder); err != nil {
+		s.config.Logger.WarnContext(ctx, "cannot release the lease on the key; it will expire",
+			slog.String("handler", l.msg.Handler), slog.String("key", l.msg.Key), slog.Any("error", err))
+	}
+}
