@@ -546,3 +546,85 @@ func TestRetrierCrashLoop(t *testing.T) {
 		t.Errorf("the handler ran %d times, want once (A@2)", n)
 	}
 }
+
+// callRecorder is a CallHandler: its call records the key it was made for, and its completion
+// writes the effect, in the inbox transaction.
+type callRecorder struct {
+	mu    sync.Mutex
+	calls []string
+	fail  func(d inbox.Delivery) error
+}
+
+func (h *callRecorder) Check(context.Context, pgx.Tx, inbox.Delivery) error { return nil }
+
+func (h *callRecorder) Call(_ context.Context, d inbox.Delivery) (Completion, error) {
+	h.mu.Lock()
+	h.calls = append(h.calls, d.Key)
+	h.mu.Unlock()
+	if h.fail != nil {
+		if err := h.fail(d); err != nil {
+			return nil, err
+		}
+	}
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects (key) VALUES ($1)`, d.Key)
+		return err
+	}, nil
+}
+
+// A route whose effect is a call goes through the call's three steps from the park too: the parked
+// message leaves the park in the completion's transaction, and a key applied already is not called.
+func TestRetrierCallHandler(t *testing.T) {
+	t.Parallel()
+	e := setupRetrier(t)
+	var failures atomic.Int64
+	h := &callRecorder{fail: func(d inbox.Delivery) error {
+		if d.Key == "A@1" && failures.Add(1) <= 2 {
+			return fault.Retryable(errors.New("provider answered 503"))
+		}
+		return nil
+	}}
+	// B@3 was applied by another delivery while it was parked.
+	value := []byte(`{"event_id":"B@3"}`)
+	if _, err := e.store.Process(context.Background(), inbox.Message{Handler: "payments", Key: "B@3",
+		Fingerprint: inbox.Fingerprint(value), Topic: parkTopic}, func(context.Context, pgx.Tx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	e.park("A", 1)
+	e.park("A", 2)
+	e.park("B", 3)
+
+	route := Route{Topic: parkTopic, Name: "payments", Handler: h}
+	log := testlog.New(t)
+	r := newRetrier(retrierConfig{
+		store: e.store, route: route, partition: parkPartition, owner: "o", lease: time.Minute,
+		retry: fastRetry, keys: e.keys,
+		apply:    parkedEffect(e.store, route, 10*time.Second, log),
+		classify: func(_ context.Context, err error) (fault.Kind, fault.Reason, time.Duration) { return fault.Classify(err) },
+		deadLetter: func(context.Context, kafka.Message, fault.Reason, error, int) error {
+			t.Error("dead-lettered")
+			return nil
+		},
+		poll: 10 * time.Millisecond, log: log,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.run(ctx)
+	}()
+	e.waitEmpty()
+	cancel()
+	<-done
+	if got := e.effects(); !slices.Equal(got, []string{"A@1", "A@2"}) {
+		t.Errorf("effects %q, want A@1 then A@2", got)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if slices.Contains(h.calls, "B@3") {
+		t.Errorf("calls %q: B@3, applied already, was called", h.calls)
+	}
+	if n := len(ofKey(h.calls, "A")); n != 4 {
+		t.Errorf("calls %q, want A@1 three times and A@2 once", h.calls)
+	}
+}
