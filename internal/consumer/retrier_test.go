@@ -599,8 +599,10 @@ func TestRetrierCallHandler(t *testing.T) {
 	r := newRetrier(retrierConfig{
 		store: e.store, route: route, partition: parkPartition, owner: "o", lease: time.Minute,
 		retry: fastRetry, keys: e.keys,
-		apply:    parkedEffect(e.store, route, 10*time.Second, log),
-		classify: func(_ context.Context, err error) (fault.Kind, fault.Reason, time.Duration) { return fault.Classify(err) },
+		apply: parkedEffect(e.store, route, 10*time.Second, log),
+		classify: func(_ context.Context, err error) (fault.Kind, fault.Reason, time.Duration) {
+			return fault.Classify(err)
+		},
 		deadLetter: func(context.Context, kafka.Message, fault.Reason, error, int) error {
 			t.Error("dead-lettered")
 			return nil
