@@ -34,8 +34,9 @@ var parkedCommand = &command{
 		"applied or its retry budget (RETRY_MAX_ELAPSED) runs out.\n" +
 		"\n" +
 		"  list [TOPIC]          one line per parked message, each key's head first: where it came\n" +
-		"                        from, its keys, how many of its key wait ahead of it, its attempts,\n" +
-		"                        when it is due and its last error; then a count per topic\n" +
+		"                        from, its Kafka and idempotency keys, how many of its key wait ahead\n" +
+		"                        of it, its attempts, when it is due and its last error; then a count\n" +
+		"                        per topic\n" +
 		"  retry ID...|all [TOPIC]\n" +
 		"                        make them due now (a message still waits for those ahead of it)\n" +
 		"  dead-letter ID...     write them to their dead-letter topic (the original key, value and\n" +
@@ -133,7 +134,7 @@ func parkedLine(p inbox.Parked, now time.Time) string {
 		"topic=" + p.Topic,
 		"partition=" + strconv.Itoa(int(p.Partition)),
 		"offset=" + strconv.FormatInt(p.Offset, 10),
-		"key=" + displayedKey(p.OrderingKey),
+		"key=" + displayedKey(p.MessageKey),
 		"idempotency_key=" + displayed(p.IdempotencyKey),
 		"ahead=" + strconv.Itoa(p.Ahead),
 		"attempts=" + strconv.Itoa(p.Attempts),
@@ -152,12 +153,17 @@ func parkedLine(p inbox.Parked, now time.Time) string {
 	return strings.Join(fields, " ")
 }
 
-// displayedKey is an ordering key for output: a phone number masked, as everywhere else.
+// displayedKey is a message's Kafka key for output: a phone number masked, as everywhere else;
+// (none) when it had none, and was ordered by its idempotency key.
 func displayedKey(key []byte) string {
-	if s := string(key); notify.ValidPhone(s) {
+	switch s := string(key); {
+	case key == nil:
+		return "(none)"
+	case notify.ValidPhone(s):
 		return notify.MaskPhone(s)
+	default:
+		return displayed(s)
 	}
-	return displayed(string(key))
 }
 
 func retryParked(ctx context.Context, out io.Writer, store *inbox.Store, args []string) error {

@@ -65,7 +65,6 @@ type worker struct {
 	registry  *prometheus.Registry
 	metrics   *consumer.Metrics
 	anomalies *anomalyGauge
-	parked    *consumer.ParkMetrics
 	ops       *opsServer
 }
 
@@ -85,7 +84,6 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	w.metrics = consumer.NewMetrics(w.registry)
-	w.parked = consumer.NewParkMetrics(w.registry, cfg.TopicPayments, cfg.TopicSMS)
 	w.anomalies = newAnomalyGauge(w.registry)
 	w.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "inboxworker_ready",

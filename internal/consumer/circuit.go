@@ -134,19 +134,19 @@ func newCircuit(config CircuitConfig) (*circuit, error) {
 	}
 	switch {
 	case config.ConsecutiveFailures < 1:
-		return nil, fmt.Errorf("CircuitConfig.ConsecutiveFailures must be positive, got %d", config.ConsecutiveFailures)
+		return nil, fmt.Errorf("Circuit.ConsecutiveFailures must be positive, got %d", config.ConsecutiveFailures)
 	case config.Window < windowBuckets*time.Millisecond:
-		return nil, fmt.Errorf("CircuitConfig.Window must be at least %s, got %s", windowBuckets*time.Millisecond, config.Window)
+		return nil, fmt.Errorf("Circuit.Window must be at least %s, got %s", windowBuckets*time.Millisecond, config.Window)
 	case config.FailureRate <= 0 || config.FailureRate > 1:
-		return nil, fmt.Errorf("CircuitConfig.FailureRate must be in (0, 1], got %g", config.FailureRate)
+		return nil, fmt.Errorf("Circuit.FailureRate must be in (0, 1], got %g", config.FailureRate)
 	case config.MinFailures < 1:
-		return nil, fmt.Errorf("CircuitConfig.MinFailures must be positive, got %d", config.MinFailures)
+		return nil, fmt.Errorf("Circuit.MinFailures must be positive, got %d", config.MinFailures)
 	case config.MinKeys < 1 || config.MinKeys > maxTrackedKeys:
-		return nil, fmt.Errorf("CircuitConfig.MinKeys must be in [1, %d], got %d", maxTrackedKeys, config.MinKeys)
+		return nil, fmt.Errorf("Circuit.MinKeys must be in [1, %d], got %d", maxTrackedKeys, config.MinKeys)
 	case config.ProbeInterval <= 0:
-		return nil, fmt.Errorf("CircuitConfig.ProbeInterval must be positive, got %s", config.ProbeInterval)
+		return nil, fmt.Errorf("Circuit.ProbeInterval must be positive, got %s", config.ProbeInterval)
 	case config.MaxProbeInterval < config.ProbeInterval:
-		return nil, errors.New("CircuitConfig.MaxProbeInterval must not be less than ProbeInterval")
+		return nil, errors.New("Circuit.MaxProbeInterval must not be less than ProbeInterval")
 	}
 	c := &circuit{config: config, changed: make(chan struct{}), interval: config.ProbeInterval}
 	c.reset()

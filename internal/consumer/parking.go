@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/deadletter"
@@ -76,40 +75,8 @@ func ParkedDeadLetter(p inbox.Parked, dlqSuffix, why string, at time.Time) kafka
 	return kafka.Message{Topic: p.Topic + dlqSuffix, Key: m.Key, Value: m.Value, Headers: letter.Headers(m.Headers)}
 }
 
-// ParkMetrics are the metrics of the park and of the routes' outage circuits.
-type ParkMetrics struct {
-	Parked *prometheus.GaugeVec // inboxworker_parked_messages{topic}
-	Oldest *prometheus.GaugeVec // inboxworker_parked_oldest_seconds{topic}
-	Paused *prometheus.GaugeVec // inboxworker_route_paused{topic}
-}
-
-// NewParkMetrics creates the metrics, at 0 for each of topics, and registers them with reg.
-func NewParkMetrics(reg prometheus.Registerer, topics ...string) *ParkMetrics {
-	m := &ParkMetrics{
-		Parked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxworker_parked_messages",
-			Help: "Messages parked, waiting for a retry out of their partition's way, by topic.",
-		}, []string{"topic"}),
-		Oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxworker_parked_oldest_seconds",
-			Help: "How long ago the oldest parked message of the topic was parked; 0 when none is.",
-		}, []string{"topic"}),
-		Paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxworker_route_paused",
-			Help: "1 while the topic's route is paused (or probing) because its dependency looks down, else 0.",
-		}, []string{"topic"}),
-	}
-	reg.MustRegister(m.Parked, m.Oldest, m.Paused)
-	for _, t := range topics {
-		m.Parked.WithLabelValues(t).Set(0)
-		m.Oldest.WithLabelValues(t).Set(0)
-		m.Paused.WithLabelValues(t).Set(0)
-	}
-	return m
-}
-
 // observe sets the park's gauges of topics from stats; a topic without stats has nothing parked.
-func (m *ParkMetrics) observe(topics []string, stats []inbox.ParkStats) {
+func (m *Metrics) observe(topics []string, stats []inbox.ParkStats) {
 	if m == nil {
 		return
 	}
@@ -125,7 +92,7 @@ func (m *ParkMetrics) observe(topics []string, stats []inbox.ParkStats) {
 }
 
 // setPaused sets the route_paused gauge of topic from its circuit's state.
-func (m *ParkMetrics) setPaused(topic string, state RouteState) {
+func (m *Metrics) setPaused(topic string, state RouteState) {
 	if m == nil {
 		return
 	}
@@ -136,10 +103,18 @@ func (m *ParkMetrics) setPaused(topic string, state RouteState) {
 	m.Paused.WithLabelValues(topic).Set(paused)
 }
 
+// countPause counts a pause of topic's route.
+func (m *Metrics) countPause(topic string) {
+	if m == nil {
+		return
+	}
+	m.Pauses.WithLabelValues(topic).Inc()
+}
+
 // reportParked refreshes the park's gauges of topics every interval until ctx is done. A failed
 // read is logged at debug level and leaves the gauges as they were: the park is in Postgres, whose
 // outages are reported elsewhere.
-func reportParked(ctx context.Context, m *ParkMetrics, store *inbox.Store, topics []string, interval time.Duration, log *slog.Logger) {
+func reportParked(ctx context.Context, m *Metrics, store *inbox.Store, topics []string, interval time.Duration, log *slog.Logger) {
 	if m == nil {
 		return
 	}
@@ -161,11 +136,12 @@ func reportParked(ctx context.Context, m *ParkMetrics, store *inbox.Store, topic
 }
 
 // routeChange logs a change of a route's circuit and sets its gauge.
-func routeChange(log *slog.Logger, m *ParkMetrics, topic string) func(from, to RouteState, why string) {
+func routeChange(log *slog.Logger, m *Metrics, topic string) func(from, to RouteState, why string) {
 	return func(from, to RouteState, why string) {
 		m.setPaused(topic, to)
 		switch {
 		case from == RouteOpen:
+			m.countPause(topic)
 			log.Warn("pausing the route: its dependency looks down", "topic", topic, "why", why)
 		case to == RouteOpen:
 			log.Info("resuming the route", "topic", topic, "why", why)

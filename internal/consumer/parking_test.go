@@ -125,7 +125,8 @@ func TestParkMetrics(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
-	m := NewParkMetrics(reg, "a", "b")
+	m := NewMetrics(reg)
+	m.initSeries([]string{"a", "b"})
 	for _, g := range []*prometheus.GaugeVec{m.Parked, m.Oldest, m.Paused} {
 		if n := testutil.CollectAndCount(g); n != 2 {
 			t.Errorf("%d series at start, want one per topic", n)
@@ -181,6 +182,9 @@ func TestParkMetrics(t *testing.T) {
 	} {
 		logs.Reset()
 		change(c.from, c.to, "because")
+		if v := testutil.ToFloat64(m.Pauses.WithLabelValues("b")); v != 1 {
+			t.Errorf("%v→%v: route_pauses_total{b} = %g, want the one pause", c.from, c.to, v)
+		}
 		if v := testutil.ToFloat64(m.Paused.WithLabelValues("b")); v != c.paused {
 			t.Errorf("%v→%v: route_paused{b} = %g, want %g", c.from, c.to, v, c.paused)
 		}
@@ -190,3 +194,4 @@ func TestParkMetrics(t *testing.T) {
 		}
 	}
 }
+
