@@ -194,4 +194,3 @@ func TestParkMetrics(t *testing.T) {
 		}
 	}
 }
-
