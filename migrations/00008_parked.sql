@@ -21,7 +21,7 @@ CREATE TABLE inbox_parked (
     header_keys      bytea[]     NOT NULL DEFAULT '{}', -- the Kafka headers as received, in order
     header_values    bytea[]     NOT NULL DEFAULT '{}',
     attempts         integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0), -- runs of its handler
-    starts           integer     NOT NULL DEFAULT 0 CHECK (starts >= 0),   -- retries begun, not settled
+    starts           integer     NOT NULL DEFAULT 0 CHECK (starts >= 0),   -- retries begun in a row, never settled
     reason           text,                 -- the dead-letter reason once its retry budget runs out
     first_error      text,
     last_error       text,
@@ -36,8 +36,10 @@ CREATE TABLE inbox_parked (
     UNIQUE (topic, "partition", "offset") -- a redelivered message is parked once
 );
 
--- The heads of a partition's keys, and whether a key is parked.
-CREATE INDEX inbox_parked_key_idx ON inbox_parked (topic, "partition", ordering_key, "offset");
+-- The heads of a partition's keys, and whether a key is parked. The id is included so that the
+-- heads are found from the index alone: tens of thousands of messages parked in an outage are
+-- scanned in milliseconds.
+CREATE INDEX inbox_parked_key_idx ON inbox_parked (topic, "partition", ordering_key, "offset") INCLUDE (id);
 
 -- +goose Down
 DROP TABLE inbox_parked;

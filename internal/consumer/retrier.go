@@ -179,9 +179,15 @@ func (r *retrier) run(ctx context.Context) {
 			r.sleep(ctx, wait)
 			continue
 		}
-		for _, p := range taken {
+		tookAt := time.Now()
+		for i, p := range taken {
 			if ctx.Err() != nil {
 				return
+			}
+			if time.Since(tookAt) > r.lease/2 {
+				// The claims of the rest lapse soon: another owner may take them while they run.
+				r.releaseRest(ctx, taken[i:])
+				break
 			}
 			if r.retryOne(ctx, p) {
 				if outage == nil {
@@ -194,9 +200,9 @@ func (r *retrier) run(ctx context.Context) {
 	}
 }
 
-// retryBatch is how many due messages a retrier takes at once: one, since it retries them one
-// after another and each one taken counts a start against it.
-const retryBatch = 1
+// retryBatch is how many due messages a retrier takes at once, to retry one after another: finding
+// the due heads costs a scan of the partition's parked keys.
+const retryBatch = 32
 
 // mayTake says how many due messages may be taken now (one, the probe, while the route is paused
 // and a probe is due), or how long to wait before asking again.
@@ -247,8 +253,12 @@ func (r *retrier) sleep(ctx context.Context, d time.Duration) {
 func (r *retrier) retryOne(ctx context.Context, p inbox.Parked) (outage bool) {
 	log := r.log.With("topic", p.Topic, "partition", p.Partition, "offset", p.Offset, "key", p.IdempotencyKey,
 		"parked_id", p.ID)
-	if p.Starts > crashLoopStarts {
-		err := fmt.Errorf("the worker died %d times in a row while retrying this parked message", p.Starts-1)
+	starts, err := r.store.Begin(ctx, p)
+	if err != nil {
+		return r.settleFailed(ctx, "begin a retry of", err, log)
+	}
+	if starts > crashLoopStarts {
+		err := fmt.Errorf("the worker died %d times in a row while retrying this parked message", starts-1)
 		return r.deadLetterAndRemove(ctx, p, fault.CrashLoop, err, p.Attempts, log)
 	}
 	permit, ok := r.allow()
@@ -370,6 +380,16 @@ func (r *retrier) settleFailed(ctx context.Context, what string, err error, log 
 	log.WarnContext(ctx, "cannot "+what+" the parked message; its claim will lapse", "lease", r.lease, "error", err)
 	kind, _, _ := fault.Classify(err)
 	return kind == fault.KindUnavailable
+}
+
+// releaseRest gives back the claims on ps, not retried, due as they were.
+func (r *retrier) releaseRest(ctx context.Context, ps []inbox.Parked) {
+	for _, p := range ps {
+		if err := r.store.Release(ctx, p, 0); err != nil && ctx.Err() == nil && !errors.Is(err, inbox.ErrClaimLost) {
+			r.log.WarnContext(ctx, "cannot give back the claim on a parked message; it will lapse",
+				"parked_id", p.ID, "error", err)
+		}
+	}
 }
 
 // releaseAll gives up the retrier's claims when it stops.

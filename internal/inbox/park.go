@@ -57,8 +57,8 @@ type Parked struct {
 	Headers    []Header
 	// Attempts counts the runs of its handler so far.
 	Attempts int
-	// Starts counts the claims taken on it in a row (TakeDue) whose retry never settled: its
-	// retrier died in it each time. A message that kills its retrier is recognised by it.
+	// Starts counts its retries begun in a row (Begin) that never settled: its retrier died in each.
+	// A message that kills its retrier is recognised by it.
 	Starts int
 	// Reason is the dead-letter reason once its retry budget runs out; empty until it has run.
 	Reason fault.Reason
@@ -216,7 +216,7 @@ func (s *Store) ParkedKeys(ctx context.Context, topic string, partition int32) (
 // taking at once take a message once.
 var takeDueSQL = `
 UPDATE inbox_parked p
-SET claimed_by = $3, claimed_until = now() + $4 * interval '1 microsecond', starts = p.starts + 1
+SET claimed_by = $3, claimed_until = now() + $4 * interval '1 microsecond'
 FROM (
 	SELECT id FROM inbox_parked
 	WHERE topic = $1 AND "partition" = $2
@@ -237,10 +237,7 @@ RETURNING ` + parkedColumnsOf("p")
 // returns them, the longest due first. Only the head of a key (its lowest offset) is ever due, so
 // at most one message per key is returned, and a key's next message is due only once its head has
 // left the park. A message claimed by another owner whose lease has not lapsed is not due.
-//
-// Each message taken counts a start, which its retry settles (Reschedule, Release, ReleaseAll, or
-// its leaving the park): Starts says how many retries in a row its owners began and never settled.
-// A caller that takes more than it begins at once counts starts against the others.
+
 func (s *Store) TakeDue(ctx context.Context, topic string, partition int32, owner string, lease time.Duration, limit int) ([]Parked, error) {
 	if owner == "" || lease <= 0 || limit <= 0 {
 		return nil, fmt.Errorf("inbox: TakeDue needs an owner, a positive lease and a positive limit")
@@ -254,6 +251,24 @@ func (s *Store) TakeDue(ctx context.Context, topic string, partition int32, owne
 		return cmp.Or(a.NextAttemptAt.Compare(b.NextAttemptAt), cmp.Compare(a.Offset, b.Offset))
 	})
 	return taken, nil
+}
+
+// Begin records that a retry of p, which the caller claimed, begins, and returns p's starts: how
+// many retries of it in a row began and never settled (Reschedule, Release, ReleaseAll, or its
+// leaving the park), this one included. Its retrier died in each of the others. It returns
+// ErrClaimLost when p is no longer claimed by p.ClaimedBy.
+func (s *Store) Begin(ctx context.Context, p Parked) (int, error) {
+	var starts int
+	err := s.pool.QueryRow(ctx, `
+		UPDATE inbox_parked SET starts = starts + 1 WHERE id = $1 AND claimed_by = $2 RETURNING starts`,
+		p.ID, p.ClaimedBy).Scan(&starts)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, ErrClaimLost
+	case err != nil:
+		return 0, Classify(fmt.Errorf("inbox: begin a retry of a parked message: %w", err))
+	}
+	return starts, nil
 }
 
 // NextDue returns how long until the next head of topic's partition is due, or has its claim

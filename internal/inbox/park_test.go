@@ -721,12 +721,26 @@ func TestParkStarts(t *testing.T) {
 	ctx := context.Background()
 	e := setup(t, inbox.Config{})
 	e.park(t, parked("A", 1))
+	var id int64
 	for want := 1; want <= 3; want++ {
 		taken := e.take(t, fmt.Sprint("dead", want), 1)
-		if len(taken) != 1 || taken[0].Starts != want {
-			t.Fatalf("take %d: %+v, want A@1 with %d starts", want, taken, want)
+		if len(taken) != 1 {
+			t.Fatalf("take %d: %+v, want A@1", want, taken)
+		}
+		id = taken[0].ID
+		if starts, err := e.store.Begin(ctx, taken[0]); err != nil || starts != want {
+			t.Fatalf("Begin %d = %d, %v; want %d", want, starts, err, want)
 		}
 		e.lapse(t, "A@1") // its owner died
+	}
+	if got, err := e.store.Get(ctx, id); err != nil || got.Starts != 3 {
+		t.Errorf("Starts = %d, %v; want 3", got.Starts, err)
+	}
+	stale := e.take(t, "alive", 1)[0]
+	e.lapse(t, "A@1")
+	e.take(t, "other", 1)
+	if _, err := e.store.Begin(ctx, stale); !errors.Is(err, inbox.ErrClaimLost) {
+		t.Errorf("Begin by a stale owner: %v, want ErrClaimLost", err)
 	}
 	for name, settle := range map[string]func(inbox.Parked) error{
 		"Reschedule": func(p inbox.Parked) error {
@@ -735,8 +749,11 @@ func TestParkStarts(t *testing.T) {
 		"Release":    func(p inbox.Parked) error { return e.store.Release(ctx, p, 0) },
 		"ReleaseAll": func(p inbox.Parked) error { _, err := e.store.ReleaseAll(ctx, p.ClaimedBy); return err },
 	} {
-		e.exec(t, `UPDATE inbox_parked SET next_attempt_at = now()`)
+		e.exec(t, `UPDATE inbox_parked SET next_attempt_at = now(), claimed_by = NULL, claimed_until = NULL`)
 		p := e.take(t, "alive", 1)[0]
+		if _, err := e.store.Begin(ctx, p); err != nil {
+			t.Fatal(err)
+		}
 		if err := settle(p); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
