@@ -99,7 +99,9 @@ func TestRunSettings(t *testing.T) {
 	}
 	logged := false
 	for _, l := range p.allLogs() {
-		logged = logged || l["msg"] == "sms not sent: no provider configured, logged only" && strings.Contains(fmt.Sprint(l), "ss-1")
+		id, _ := l["provider_message_id"].(string)
+		logged = logged || l["msg"] == "sms accepted by the provider" && strings.HasPrefix(id, "log-") &&
+			strings.Contains(fmt.Sprint(l["sms"]), "ss-1")
 	}
 	if !logged {
 		t.Error("the SMS was not logged by the log-only provider")

