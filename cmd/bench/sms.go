@@ -16,6 +16,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/notify"
 )
@@ -78,16 +79,17 @@ func runSMS(ctx context.Context, e *env) (result, error) {
 	metrics := consumer.NewMetrics(prometheus.NewRegistry())
 	progress := newProgress(e.topic, ends)
 	c, err := consumer.New(consumer.Config{
-		Brokers:   []string{e.addr},
-		GroupID:   "bench-sms",
-		Routes:    []consumer.Route{{Topic: e.topic, Name: "sms", Handler: handler}},
-		BatchSize: e.cfg.BatchSize,
-		BatchWait: e.cfg.BatchWait,
-		Pool:      e.pool,
-		Store:     store,
-		Metrics:   metrics,
-		Logger:    log,
-		Observer:  progress,
+		Brokers: []string{e.addr},
+		GroupID: "bench-sms",
+		// 128 sends at once: the worker's SMS_CONCURRENCY default.
+		Routes:      []consumer.Route{{Topic: e.topic, Name: "sms", Handler: handler, Concurrency: 128}},
+		BatchSize:   e.cfg.BatchSize,
+		BatchWait:   e.cfg.BatchWait,
+		DeadLetters: deadletter.NewStore(e.pool),
+		Store:       store,
+		Metrics:     metrics,
+		Logger:      log,
+		Observer:    progress,
 	})
 	if err != nil {
 		return result{}, err

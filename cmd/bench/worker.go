@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/payment"
 )
@@ -45,8 +46,8 @@ func runWorker(transactions consumer.Transactions) mode {
 			Transactions: transactions,
 			BatchSize:    e.cfg.BatchSize,
 			BatchWait:    e.cfg.BatchWait,
-			Pool:         e.pool,
 			Store:        store,
+			DeadLetters:  deadletter.NewStore(e.pool),
 			Metrics:      metrics,
 			Logger:       log,
 			Observer:     progress,

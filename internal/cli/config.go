@@ -53,6 +53,10 @@ type Config struct {
 
 	// LagInterval is how often the consumer_lag metric is refreshed. Defaults to 5s.
 	LagInterval time.Duration
+	Ordering            string // key or partition
+	MaxInFlight         int
+	PaymentsConcurrency int
+	SMSConcurrency      int
 
 	HTTPAddr        string
 	ShutdownTimeout time.Duration
@@ -174,6 +178,25 @@ var settings = []*setting{
 	{env: "LAG_INTERVAL", flag: "lag-interval", def: "5s", meta: "DURATION",
 		usage: "how often the consumer_lag metric is refreshed",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.LagInterval, v) }},
+	{env: "ORDERING", flag: "ordering", def: "key", meta: "MODE",
+		usage: "which messages of a partition run one after another: those of one Kafka key (key), or all (partition)",
+		set: func(c *Config, v string) error {
+			switch v {
+			case "key", "partition":
+				c.Ordering = v
+				return nil
+			}
+			return fmt.Errorf("unknown ordering %q (use key or partition)", v)
+		}},
+	{env: "MAX_IN_FLIGHT", flag: "max-in-flight", def: "256", meta: "N",
+		usage: "most messages of one partition fetched and not yet committed",
+		set:   func(c *Config, v string) error { return parsePositive(&c.MaxInFlight, v) }},
+	{env: "PAYMENTS_CONCURRENCY", flag: "payments-concurrency", def: "4", meta: "N",
+		usage: "most payment transactions (batches) at once, across partitions; each holds a database connection",
+		set:   func(c *Config, v string) error { return parsePositive(&c.PaymentsConcurrency, v) }},
+	{env: "SMS_CONCURRENCY", flag: "sms-concurrency", def: "128", meta: "N",
+		usage: "most SMS being sent at once, across partitions",
+		set:   func(c *Config, v string) error { return parsePositive(&c.SMSConcurrency, v) }},
 	{env: "HTTP_ADDR", flag: "http-addr", def: ":8080", meta: "ADDR",
 		usage: "address of /metrics, /healthz and /readyz",
 		set:   func(c *Config, v string) error { return parseAddr(&c.HTTPAddr, v) }},
@@ -395,6 +418,10 @@ func (c *Config) masked(ss []*setting) []slog.Attr {
 		"BATCH_SIZE":               strconv.Itoa(c.BatchSize),
 		"BATCH_WAIT":               c.BatchWait.String(),
 		"LAG_INTERVAL":             c.LagInterval.String(),
+		"ORDERING":                 c.Ordering,
+		"MAX_IN_FLIGHT":            strconv.Itoa(c.MaxInFlight),
+		"PAYMENTS_CONCURRENCY":     strconv.Itoa(c.PaymentsConcurrency),
+		"SMS_CONCURRENCY":          strconv.Itoa(c.SMSConcurrency),
 		"HTTP_ADDR":                c.HTTPAddr,
 		"SHUTDOWN_TIMEOUT":         c.ShutdownTimeout.String(),
 		"STARTUP_TIMEOUT":          c.StartupTimeout.String(),
@@ -464,6 +491,16 @@ func parseLimit(dst *int, v string) error {
 		*dst = 0
 		return nil
 	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return fmt.Errorf("must be a positive number, got %q", v)
+	}
+	*dst = n
+	return nil
+}
+
+// parsePositive accepts a positive count.
+func parsePositive(dst *int, v string) error {
 	n, err := strconv.Atoi(v)
 	if err != nil || n <= 0 {
 		return fmt.Errorf("must be a positive number, got %q", v)

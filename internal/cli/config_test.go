@@ -82,6 +82,10 @@ func TestConfigErrors(t *testing.T) {
 			`worker: SMS_PROVIDER_URL: invalid URL "ftp://u:xxxxx@sms" (want http:// or https://)`},
 		{"BadBatchSize", map[string]string{"BATCH_SIZE": "0"}, []string{"run"},
 			`worker: BATCH_SIZE: must be a positive number, got "0"`},
+		{"BadOrdering", map[string]string{"ORDERING": "offset"}, []string{"run"},
+			`worker: ORDERING: unknown ordering "offset" (use key or partition)`},
+		{"BadSMSConcurrency", map[string]string{"SMS_CONCURRENCY": "0"}, []string{"run"},
+			`worker: SMS_CONCURRENCY: must be a positive number, got "0"`},
 		{"TokenWithoutURL", map[string]string{"SMS_PROVIDER_TOKEN": "tok"}, []string{"run"},
 			`worker: SMS_PROVIDER_TOKEN: set without SMS_PROVIDER_URL`},
 		{"TokenWithSpace", map[string]string{"SMS_PROVIDER_URL": "https://sms.example/send",
@@ -143,6 +147,10 @@ var contractDefaults = map[string]string{
 	"BATCH_SIZE":               "256", // not in the contract's table: the throughput settings
 	"BATCH_WAIT":               "5ms",
 	"LAG_INTERVAL":             "5s", // how often consumer_lag is refreshed
+	"ORDERING":                 "key",
+	"MAX_IN_FLIGHT":            "256",
+	"PAYMENTS_CONCURRENCY":     "4",
+	"SMS_CONCURRENCY":          "128",
 	"HTTP_ADDR":                ":8080",
 	"SHUTDOWN_TIMEOUT":         "30s",
 	"STARTUP_TIMEOUT":          "15s",
@@ -172,6 +180,7 @@ func TestDefaults(t *testing.T) {
 		TopicPayments: "payments.callbacks", TopicSMS: "notifications.sms", DLQSuffix: ".dlq",
 		RetryInitialInterval: 200 * time.Millisecond, RetryMaxInterval: 30 * time.Second, RetryMaxElapsed: 5 * time.Minute,
 		BatchSize: 256, BatchWait: 5 * time.Millisecond, LagInterval: 5 * time.Second,
+		Ordering: "key", MaxInFlight: 256, PaymentsConcurrency: 4, SMSConcurrency: 128,
 		HTTPAddr: ":8080", ShutdownTimeout: 30 * time.Second, StartupTimeout: 15 * time.Second,
 		LogLevel: slog.LevelInfo, LogFormat: "json", DevKafkaAddr: "127.0.0.1:9092",
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 	"github.com/inboxworker/inboxworker/internal/testlog"
@@ -77,10 +78,10 @@ func TestReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	notStarted, err := consumer.New(consumer.Config{
-		Brokers: []string{"127.0.0.1:1"},
-		Routes:  []consumer.Route{{Topic: "t", Name: "t", Handler: nopHandler{}}},
-		Pool:    db.Pool,
-		Store:   store,
+		Brokers:     []string{"127.0.0.1:1"},
+		Routes:      []consumer.Route{{Topic: "t", Name: "t", Handler: nopHandler{}}},
+		Store:       store,
+		DeadLetters: deadletter.NewStore(db.Pool),
 	})
 	if err != nil {
 		t.Fatal(err)

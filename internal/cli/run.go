@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/payment"
@@ -140,8 +141,8 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 		Brokers: cfg.KafkaBrokers,
 		GroupID: cfg.KafkaGroupID,
 		Routes: []consumer.Route{
-			{Topic: cfg.TopicPayments, Name: paymentsHandler, Handler: payments},
-			{Topic: cfg.TopicSMS, Name: smsHandler, Handler: sms},
+			{Topic: cfg.TopicPayments, Name: paymentsHandler, Handler: payments, Concurrency: cfg.PaymentsConcurrency},
+			{Topic: cfg.TopicSMS, Name: smsHandler, Handler: sms, Concurrency: cfg.SMSConcurrency},
 		},
 		SASL:           mechanism,
 		TLS:            tlsConfig,
@@ -152,12 +153,14 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 			MaxInterval:     cfg.RetryMaxInterval,
 			MaxElapsed:      cfg.RetryMaxElapsed,
 		},
+		Ordering:        ordering(cfg.Ordering),
+		MaxInFlight:     cfg.MaxInFlight,
 		BatchSize:       cfg.BatchSize,
 		BatchWait:       cfg.BatchWait,
 		LagInterval:     cfg.LagInterval,
 		ShutdownTimeout: drainTimeout(cfg.ShutdownTimeout),
-		Pool:            w.pool,
 		Store:           w.store,
+		DeadLetters:     deadletter.NewStore(w.pool),
 		Metrics:         w.metrics,
 		Logger:          logger,
 	})
@@ -166,6 +169,14 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 	}
 
 	return w, nil
+}
+
+// ordering is ORDERING's value for the consumer.
+func ordering(v string) consumer.Ordering {
+	if v == "partition" {
+		return consumer.ByPartition
+	}
+	return consumer.ByKey
 }
 
 // drainTimeout is the part of SHUTDOWN_TIMEOUT given to in-flight messages; the rest is left to

@@ -8,16 +8,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
-// processTogether is the per-batch strategy (Config.Transactions PerBatch): it applies a batch's
-// messages in as few transactions as it can, through the route's BatchHandler, and returns how many
-// finished, in offset order, as processEach does. It keeps the per-message path's guarantees by
-// handing that path every message a batch cannot settle:
+// applyBatch applies a batch's messages (Config.Transactions PerBatch) in as few transactions as it
+// can, through the route's BatchHandler, and returns how many finished, in offset order. It keeps
+// the per-message path's guarantees by handing that path every message a batch cannot settle:
 //
 //   - A message without a valid idempotency key is dead-lettered in its place; the messages on
 //     either side of it go in separate transactions.
@@ -33,80 +31,87 @@ import (
 //
 // A message's handle time is measured from the start of the first transaction that tried it to
 // when it finished: in a batch that commits at once, the batch's time.
-func (p *partition) processTogether(ctx context.Context, h BatchHandler, batch []kafka.Message) int {
-	keys := make([]string, len(batch))
-	for i, m := range batch {
-		if key, _, err := IdempotencyKey(m); err == nil {
-			keys[i] = key
-		}
-	}
+func (p *partition) applyBatch(ctx context.Context, batch []*entry) int {
 	runs := make([]int, len(batch)) // how often each message's handler ran in a batch
 	done := 0
 	for done < len(batch) {
 		if p.isStopping() {
 			return done
 		}
-		if keys[done] == "" {
-			if p.processMessage(ctx, batch[done]) != nil {
+		if batch[done].keyErr != nil {
+			if p.applyMessage(ctx, batch[done], tried{}) != nil {
 				return done
 			}
 			done++
 			continue
 		}
 		end := done + 1
-		for end < len(batch) && keys[end] != "" {
+		for end < len(batch) && batch[end].keyErr == nil {
 			end++
 		}
-		n, ok := p.applyTogether(ctx, h, batch[done:end], keys[done:end], runs[done:end])
-		done += n
-		if !ok {
+		got := p.applyRun(ctx, batch[done:end], runs[done:end])
+		done += got.finished
+		if got.abandoned {
 			return done
 		}
 	}
 	return done
 }
 
-// applyTogether takes msgs, whose keys are valid, through one transaction, or takes the messages up
-// to the first one that failed in it to a finished state (see processTogether). It returns how many
-// finished, in order, and false if it abandoned the others because the work was cancelled or the
-// consumer is stopping.
-func (p *partition) applyTogether(ctx context.Context, h BatchHandler, msgs []kafka.Message, keys []string, runs []int) (int, bool) {
+// batchProgress is how far a step took a batch's messages: how many finished, in offset order, and
+// whether it abandoned the others because the work was cancelled or the consumer is stopping.
+type batchProgress struct {
+	finished  int
+	abandoned bool
+}
+
+// transaction is what came of one batch transaction.
+type transaction struct {
+	outcomes []inbox.Outcome // one per message, when it committed
+	// panicked: HandleBatch panicked, which rolled the transaction back and is no one message's
+	// failure.
+	panicked bool
+	err      error
+}
+
+// applyRun takes msgs, whose keys are valid, through one transaction, or takes the messages up to
+// the first one that failed in it to a finished state (see applyBatch).
+func (p *partition) applyRun(ctx context.Context, msgs []*entry, runs []int) batchProgress {
 	began := time.Now()
-	outcomes, panicked, err := p.tryTogether(ctx, h, msgs, keys, runs)
-	if err == nil {
-		return p.finishTogether(ctx, msgs, keys, outcomes, began)
+	tx := p.transact(ctx, msgs, runs)
+	if tx.err == nil {
+		return p.settleRun(ctx, msgs, tx.outcomes, began)
 	}
 	if ctx.Err() != nil {
-		return 0, false
+		return batchProgress{abandoned: true}
 	}
 
 	var failed *inbox.BatchError
-	if !errors.As(err, &failed) || panicked || isUnavailable(failed.Err) {
-		if !panicked { // else logged already
+	if !errors.As(tx.err, &failed) || tx.panicked || isUnavailable(failed.Err) {
+		if !tx.panicked { // else logged already
 			p.log.WarnContext(ctx, "cannot apply the batch in one transaction; applying its messages one by one",
-				"first_offset", msgs[0].Offset, "last_offset", msgs[len(msgs)-1].Offset, "error", err)
+				"first_offset", msgs[0].msg.Offset, "last_offset", msgs[len(msgs)-1].msg.Offset, "error", tx.err)
 		}
-		n := p.processEach(ctx, msgs, priorRuns(runs, began))
-		return n, n == len(msgs)
+		return p.applyEach(ctx, msgs, runs, began)
 	}
 
 	t := failed.Index
 	p.log.DebugContext(ctx, "a message failed in a batch; applying the others without it",
-		"offset", msgs[t].Offset, "key", keys[t], "error", failed.Err)
+		"offset", msgs[t].msg.Offset, "key", msgs[t].key, "error", failed.Err)
 	if t > 0 {
-		outcomes, _, err := p.tryTogether(ctx, h, msgs[:t], keys[:t], runs[:t])
-		var n int
-		switch {
-		case err == nil:
-			n, _ = p.finishTogether(ctx, msgs[:t], keys[:t], outcomes, began)
+		var got batchProgress
+		switch again := p.transact(ctx, msgs[:t], runs[:t]); {
+		case again.err == nil:
+			got = p.settleRun(ctx, msgs[:t], again.outcomes, began)
 		case ctx.Err() != nil:
+			got.abandoned = true
 		default:
 			p.log.WarnContext(ctx, "cannot apply the batch in one transaction; applying its messages one by one",
-				"first_offset", msgs[0].Offset, "last_offset", msgs[t-1].Offset, "error", err)
-			n = p.processEach(ctx, msgs[:t], priorRuns(runs[:t], began))
+				"first_offset", msgs[0].msg.Offset, "last_offset", msgs[t-1].msg.Offset, "error", again.err)
+			got = p.applyEach(ctx, msgs[:t], runs[:t], began)
 		}
-		if n < t || p.isStopping() {
-			return n, false
+		if got.abandoned || p.isStopping() {
+			return batchProgress{finished: got.finished, abandoned: true}
 		}
 	}
 	// A retryable failure goes on from that failed attempt, with a backoff and a retry alone. A
@@ -116,64 +121,73 @@ func (p *partition) applyTogether(ctx context.Context, h BatchHandler, msgs []ka
 	if kind, _, _ := fault.Classify(failed.Err); kind == fault.KindRetryable {
 		prior.err = failed.Err
 	}
-	if p.finishMessage(ctx, msgs[t], prior) != nil {
-		return t, false
+	if p.applyMessage(ctx, msgs[t], prior) != nil {
+		return batchProgress{finished: t, abandoned: true}
 	}
-	return t + 1, true
+	return batchProgress{finished: t + 1}
 }
 
-// tryTogether claims msgs and runs the handler on the claimed ones in one inbox transaction, under
-// a context bounded by AttemptTimeout, and counts the runs of their handler in runs: up to the
-// message the batch failed on, if it did. It reports whether HandleBatch panicked: the panic rolls
-// the transaction back, and is no one message's failure.
-func (p *partition) tryTogether(ctx context.Context, h BatchHandler, msgs []kafka.Message, keys []string, runs []int) (outcomes []inbox.Outcome, panicked bool, err error) {
+// applyEach takes msgs, which ran in batches that failed, through the per-message path.
+func (p *partition) applyEach(ctx context.Context, msgs []*entry, runs []int, began time.Time) batchProgress {
+	for i, e := range msgs {
+		if p.isStopping() || p.applyMessage(ctx, e, tried{runs: runs[i], began: began}) != nil {
+			return batchProgress{finished: i, abandoned: true}
+		}
+	}
+	return batchProgress{finished: len(msgs)}
+}
+
+// transact claims msgs and runs the handler on the claimed ones in one inbox transaction, under a
+// context bounded by AttemptTimeout, and counts the runs of their handler in runs: up to the
+// message the batch failed on, if it did.
+func (p *partition) transact(ctx context.Context, msgs []*entry, runs []int) (tx transaction) {
 	ctx, cancel := context.WithTimeout(ctx, p.c.config.AttemptTimeout)
 	defer cancel()
 	batch := make([]inbox.Message, len(msgs))
-	for i, m := range msgs {
-		batch[i] = p.inboxMessage(m, keys[i])
+	for i, e := range msgs {
+		batch[i] = p.inboxMessage(e.msg, e.key)
 	}
 	var ran []int // the claimed messages, given to the handler
-	outcomes, err = p.c.config.Store.ProcessBatch(ctx, batch, func(ctx context.Context, tx pgx.Tx, claimed []int) (results []error) {
+	tx.outcomes, tx.err = p.c.config.Store.ProcessBatch(ctx, batch, func(ctx context.Context, pgTx pgx.Tx, claimed []int) (results []error) {
 		ran = claimed
 		ds := make([]inbox.Delivery, len(claimed))
 		for j, i := range claimed {
-			ds[j] = inbox.Delivery{Key: keys[i], Value: msgs[i].Value, Attempt: runs[i] + 1}
+			ds[j] = inbox.Delivery{Key: msgs[i].key, Value: msgs[i].msg.Value, Attempt: runs[i] + 1}
 		}
 		defer func() {
 			if r := recover(); r != nil {
 				p.log.ErrorContext(ctx, "the handler panicked in a batch; applying its messages one by one",
-					"first_offset", msgs[0].Offset, "last_offset", msgs[len(msgs)-1].Offset,
+					"first_offset", msgs[0].msg.Offset, "last_offset", msgs[len(msgs)-1].msg.Offset,
 					"panic", r, "stack", string(debug.Stack()))
-				panicked = true
+				tx.panicked = true
 				results = make([]error, len(claimed))
 				results[0] = fault.Permanent(fault.HandlerError, fmt.Errorf("panic: %v", r))
 			}
 		}()
-		return h.HandleBatch(ctx, tx, ds)
+		return p.batcher.HandleBatch(ctx, pgTx, ds)
 	})
 	var failed *inbox.BatchError
 	for _, i := range ran {
-		if errors.As(err, &failed) && !panicked && i > failed.Index {
+		if errors.As(tx.err, &failed) && !tx.panicked && i > failed.Index {
 			break // the handler stopped at the failure
 		}
 		runs[i]++
 	}
-	return outcomes, panicked, err
+	return tx
 }
 
-// finishTogether finishes the messages of a committed batch, in order: it dead-letters those whose
-// key was reused and records the metrics. It returns how many finished, and false if it abandoned
-// the others (a dead letter it could not write before the work was cancelled or the consumer began
-// to stop): they were applied, and are found duplicates when delivered again.
-func (p *partition) finishTogether(ctx context.Context, msgs []kafka.Message, keys []string, outcomes []inbox.Outcome, began time.Time) (int, bool) {
+// settleRun settles the messages of a committed batch, in order: it dead-letters those whose key
+// was reused and records the metrics. A dead letter it could not write before the work was
+// cancelled or the consumer began to stop abandons the rest: they were applied, and are found
+// duplicates when delivered again.
+func (p *partition) settleRun(ctx context.Context, msgs []*entry, outcomes []inbox.Outcome, began time.Time) batchProgress {
 	counts := make(map[inbox.Outcome]int, 3)
-	for i, m := range msgs {
+	for i, e := range msgs {
 		outcome := string(outcomes[i])
 		if outcomes[i] == inbox.KeyReused {
-			log := p.log.With("offset", m.Offset, "key", keys[i])
-			if p.deadLetter(ctx, m, *keyReused(keys[i], 1), log) != nil {
-				return i, false
+			log := p.log.With("offset", e.msg.Offset, "key", e.key)
+			if p.deadLetter(ctx, e.msg, *keyReused(e.key, 1), log) != nil {
+				return batchProgress{finished: i, abandoned: true}
 			}
 			outcome = outcomeDeadLettered
 		}
@@ -181,18 +195,9 @@ func (p *partition) finishTogether(ctx context.Context, msgs []kafka.Message, ke
 		p.c.metrics.finished(p.topic, outcome, time.Since(began))
 	}
 	p.log.DebugContext(ctx, "applied a batch in one transaction",
-		"first_offset", msgs[0].Offset, "last_offset", msgs[len(msgs)-1].Offset, "took", time.Since(began),
+		"first_offset", msgs[0].msg.Offset, "last_offset", msgs[len(msgs)-1].msg.Offset, "took", time.Since(began),
 		"applied", counts[inbox.Applied], "duplicate", counts[inbox.Duplicate], "key_reused", counts[inbox.KeyReused])
-	return len(msgs), true
-}
-
-// priorRuns describes, for the per-message path, messages that ran in batches that failed.
-func priorRuns(runs []int, began time.Time) []tried {
-	prior := make([]tried, len(runs))
-	for i, n := range runs {
-		prior[i] = tried{runs: n, began: began}
-	}
-	return prior
+	return batchProgress{finished: len(msgs)}
 }
 
 func isUnavailable(err error) bool {

@@ -55,7 +55,7 @@ func (h *batchSpy) firstBatch() []string {
 // committed.
 func runBatch(t *testing.T, h consumer.Handler, msgs ...kafka.Message) (*env, consumer.Config) {
 	t.Helper()
-	e := setup(t, consumer.PerBatch, 1)
+	e := setup(t, testMode{tx: consumer.PerBatch}, 1)
 	e.kafka.Produce(t, topic, msgs...)
 	config := e.config(h)
 	config.BatchWait = time.Second
@@ -249,7 +249,7 @@ func (h *deferredFailure) HandleBatch(ctx context.Context, tx pgx.Tx, ds []inbox
 // are applied one by one, and only the culprit fails.
 func TestBatchCommitFails(t *testing.T) {
 	t.Parallel()
-	e := setup(t, consumer.PerBatch, 1)
+	e := setup(t, testMode{tx: consumer.PerBatch}, 1)
 	if _, err := e.db.Pool.Exec(t.Context(), `CREATE TABLE parents (id int PRIMARY KEY);
 		CREATE TABLE children (parent_id int REFERENCES parents DEFERRABLE INITIALLY DEFERRED)`); err != nil {
 		t.Fatal(err)

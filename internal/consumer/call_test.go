@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
@@ -90,7 +91,7 @@ func (e *env) leases() map[string]int {
 // dead-lettered without a record, a panic dead-lettered, no lease left behind.
 func TestCallHandler(t *testing.T) {
 	t.Parallel()
-	e := setup(t, consumer.PerBatch, 2)
+	e := setup(t, testMode{consumer.PerBatch, consumer.ByKey}, 2)
 	rejected := errors.New("the other service said no")
 	h := newCaller(func(ctx context.Context, d inbox.Delivery) error {
 		switch d.Key {
@@ -142,7 +143,7 @@ func TestCallHandler(t *testing.T) {
 // called, until that lease expires; then it is taken over and called once.
 func TestCallLeaseHeld(t *testing.T) {
 	t.Parallel()
-	e := setup(t, consumer.PerMessage, 1)
+	e := setup(t, testMode{consumer.PerMessage, consumer.ByKey}, 1)
 	if _, err := e.db.Pool.Exec(context.Background(), `
 		INSERT INTO inbox_leases (handler, idempotency_key, holder, expires_at, attempts)
 		VALUES ($1, 'held', 'another-worker', now() + interval '1 second', 1)`, handler); err != nil {
@@ -200,7 +201,7 @@ func partitionKey(p, n int) []byte {
 // in a transaction.
 func TestCallHoldsNoTransaction(t *testing.T) {
 	t.Parallel()
-	e := setup(t, consumer.PerBatch, 4)
+	e := setup(t, testMode{consumer.PerBatch, consumer.ByKey}, 4)
 	pool, app := newPool(t, e.db.URL, 4)
 	store, err := inbox.NewStore(pool, inbox.Config{Logger: e.log})
 	if err != nil {
@@ -218,7 +219,7 @@ func TestCallHoldsNoTransaction(t *testing.T) {
 		}
 	})
 	config := e.callConfig(h)
-	config.Pool, config.Store = pool, store
+	config.DeadLetters, config.Store = deadletter.NewStore(pool), store
 	e.start(config)
 	defer close(release)
 	// One message per partition: each partition has one call out at a time.
@@ -265,7 +266,7 @@ func newPool(t *testing.T, databaseURL string, maxConns int32) (*pgxpool.Pool, s
 
 func TestNewRejectsAnythingButAHandler(t *testing.T) {
 	t.Parallel()
-	config := testConfig("127.0.0.1:1", lazyPool(t), &inbox.Store{}, &recorder{}, consumer.PerMessage, nil)
+	config := testConfig("127.0.0.1:1", lazyPool(t), &inbox.Store{}, &recorder{}, testMode{consumer.PerMessage, consumer.ByKey}, nil)
 	config.Routes[0].Handler = "a string"
 	if _, err := consumer.New(config); err == nil || !strings.Contains(err.Error(), "Config.Routes[0].Handler is a string") {
 		t.Fatalf("New: %v; want an error naming Config.Routes[0].Handler and its type", err)

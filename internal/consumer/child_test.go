@@ -27,7 +27,8 @@ const (
 	childBroker   = "CONSUMER_TEST_BROKER"
 	childDatabase = "CONSUMER_TEST_DATABASE_URL"
 	childKey      = "CONSUMER_TEST_KEY"
-	childBatch    = "CONSUMER_TEST_PER_BATCH" // set: Transactions PerBatch
+	childBatch    = "CONSUMER_TEST_PER_BATCH"    // set: Transactions PerBatch
+	childOrdering = "CONSUMER_TEST_BY_PARTITION" // set: Ordering ByPartition
 )
 
 // The child's modes: where it kills itself.
@@ -67,9 +68,12 @@ func runChild() {
 			}
 		}
 	}
-	mode := consumer.PerMessage
+	mode := testMode{tx: consumer.PerMessage, order: consumer.ByKey}
 	if os.Getenv(childBatch) != "" {
-		mode = consumer.PerBatch
+		mode.tx = consumer.PerBatch
+	}
+	if os.Getenv(childOrdering) != "" {
+		mode.order = consumer.ByPartition
 	}
 	c, err := consumer.New(testConfig(os.Getenv(childBroker), pool, store, h, mode, log))
 	if err == nil {
@@ -112,8 +116,11 @@ func (e *env) startChild(mode, key string) *child {
 		// A race-built child otherwise sleeps a second at exit, for reports that never come.
 		"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"),
 	)
-	if e.mode == consumer.PerBatch {
+	if e.mode.tx == consumer.PerBatch {
 		cmd.Env = append(cmd.Env, childBatch+"=1")
+	}
+	if e.mode.order == consumer.ByPartition {
+		cmd.Env = append(cmd.Env, childOrdering+"=1")
 	}
 	w := testlog.Writer(e.t)
 	cmd.Stdout, cmd.Stderr = w, w

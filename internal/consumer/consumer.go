@@ -4,19 +4,22 @@
 // inbox (package inbox) and the handler of its topic, retries what is worth retrying, dead-letters the
 // rest to <topic><DLQSuffix>, and commits offsets only for finished work.
 //
-// Each assigned partition has one goroutine, bound to the group generation that assigned it: it
-// fetches a batch of messages, records the batch's offset range in inbox_attempts (so a message that
-// kills the process every time is recognised and dead-lettered as a crash loop), applies the
-// messages in offset order, and commits the offset after the batch. A batch is applied in one
-// transaction when the topic's handler is a BatchHandler (see Config.Transactions), or else one
-// message per transaction; a message that fails in a batch is taken out of it and retried or
-// dead-lettered on its own, with the per-message rules. A rebalance cancels
-// the partition's in-flight work, whose transaction rolls back, and commits nothing into the next
-// generation.
+// Each assigned partition has one goroutine, bound to the group generation that assigned it. Its
+// pipeline is: fetch (up to Config.MaxInFlight messages fetched and not yet committed) → schedule
+// (pick the messages that may start: the next message of each ordering key that has nothing in
+// flight, see Config.Ordering) → apply (one message per transaction, or a batch of messages in one
+// transaction when the route's handler is a BatchHandler, see Config.Transactions; retries and dead
+// letters) → settle (mark them finished, free their keys) → commit (the offset after the highest
+// contiguous finished message). Messages of different keys run concurrently, up to each route's
+// Route.Concurrency; messages of one key run one after another, in offset order. Before the
+// messages of a newly fetched range start, the range is recorded through the inbox store, so that a
+// message that kills the process every time is recognised and dead-lettered as a crash loop. A
+// rebalance cancels the partition's in-flight work, whose transactions roll back, and commits
+// nothing into the next generation.
 //
-// consumer does not decide what an error means (package fault does) nor touch the business tables
-// (handlers do, through the transaction they are given). It does not produce anything but dead
-// letters.
+// consumer does not decide what an error means (package fault does), holds no SQL (package inbox
+// does), nor touches the business tables (handlers do, through the transaction they are given). It
+// does not produce anything but dead letters.
 package consumer
 
 import (
@@ -31,7 +34,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 
@@ -86,6 +88,29 @@ func (t Transactions) String() string {
 	return fmt.Sprintf("Transactions(%d)", int(t))
 }
 
+// Ordering says which messages of a partition must run one after another.
+type Ordering int
+
+const (
+	// ByKey runs the messages of one ordering key one after another, in offset order, and messages
+	// of different keys concurrently. A message's ordering key is its Kafka key; a message without
+	// one is ordered by its idempotency key (see IdempotencyKey); a message with neither runs in
+	// any order (it is dead-lettered). The default.
+	ByKey Ordering = iota
+	// ByPartition runs a partition's messages one after another, in offset order.
+	ByPartition
+)
+
+func (o Ordering) String() string {
+	switch o {
+	case ByKey:
+		return "key"
+	case ByPartition:
+		return "partition"
+	}
+	return fmt.Sprintf("Ordering(%d)", int(o))
+}
+
 // Observer is told of a consumer's progress, for measurement: the bench command times each message
 // from its fetch to the offset commit that covers it. Its methods are called on the partitions'
 // goroutines, concurrently, and must return quickly.
@@ -106,6 +131,13 @@ type Route struct {
 	// Handler applies the topic's messages: a Handler (a BatchHandler among them) or a CallHandler.
 	// Required.
 	Handler any
+	// Concurrency is the most messages of the route, across all its partitions, whose handlers run
+	// at once, each in its transaction; a message waiting to be retried keeps its place. A batch
+	// applied in one transaction counts once. It keeps a provider, or the database pool, from being
+	// overwhelmed. A retryable error with a RetryAfter (a 429) pauses the whole route: nothing of
+	// it starts until then. Defaults to 4: a route that does not say is taken for a database-only
+	// one, about a transaction per connection of a small pool.
+	Concurrency int
 }
 
 // Retry configures the backoff for retryable errors.
@@ -140,8 +172,13 @@ type Config struct {
 	// AttemptTimeout bounds one attempt at a message, or at a batch in one transaction: its
 	// transaction and its handler. An attempt that runs out of time is retried. Defaults to 30s.
 	AttemptTimeout time.Duration
-	// BatchSize is the most messages of one partition fetched, recorded and committed together.
-	// Defaults to 256.
+	// Ordering says which messages of a partition run one after another: those of one key (ByKey,
+	// the default) or all of them (ByPartition).
+	Ordering Ordering
+	// MaxInFlight is the most messages of one partition fetched and not yet committed. Defaults
+	// to 256.
+	MaxInFlight int
+	// BatchSize is the most messages applied in one transaction (see Transactions). Defaults to 256.
 	BatchSize int
 	// BatchWait is how long a batch waits for more messages after its first. Defaults to 5ms.
 	BatchWait time.Duration
@@ -154,10 +191,11 @@ type Config struct {
 	// LagInterval is how often the consumer_lag and consumer_stalled_seconds metrics of every
 	// partition of the routes' topics are refreshed. Defaults to 5s.
 	LagInterval time.Duration
-	// Pool reaches the migrated database. Required.
-	Pool *pgxpool.Pool
-	// Store is the inbox. Required.
+	// Store is the inbox, over the migrated database. Required.
 	Store *inbox.Store
+	// DeadLetters keeps the dead letters their topic refuses for good, in the migrated database.
+	// Required.
+	DeadLetters *deadletter.Store
 	// Metrics records outcomes; nil records nothing.
 	Metrics *Metrics
 	// Logger defaults to slog.Default().
@@ -166,6 +204,9 @@ type Config struct {
 	// production.
 	Observer Observer
 }
+
+// defaultConcurrency is Route.Concurrency's default.
+const defaultConcurrency = 4
 
 // ErrStopped is the cause of the cancellation of work still in flight when Config.ShutdownTimeout
 // runs out after Run's context was cancelled.
@@ -192,6 +233,7 @@ type Consumer struct {
 	transport *kafka.Transport // for the dead-letter writer and the lag client
 	dlq       *kafka.Writer
 	lag       *lagReporter
+	limits    map[string]*routeLimit // by topic
 
 	// deadLetters keeps the dead letters their topic refused for good.
 	deadLetters *deadletter.Store
@@ -209,11 +251,16 @@ func New(config Config) (*Consumer, error) {
 	config.Retry.MaxInterval = cmp.Or(config.Retry.MaxInterval, 30*time.Second)
 	config.Retry.MaxElapsed = cmp.Or(config.Retry.MaxElapsed, 5*time.Minute)
 	config.AttemptTimeout = cmp.Or(config.AttemptTimeout, 30*time.Second)
+	config.MaxInFlight = cmp.Or(config.MaxInFlight, 256)
 	config.BatchSize = cmp.Or(config.BatchSize, 256)
 	config.BatchWait = cmp.Or(config.BatchWait, 5*time.Millisecond)
 	config.ShutdownTimeout = cmp.Or(config.ShutdownTimeout, 30*time.Second)
 	config.LagInterval = cmp.Or(config.LagInterval, 5*time.Second)
 	config.Logger = cmp.Or(config.Logger, slog.Default())
+	config.Routes = append([]Route(nil), config.Routes...) // the caller's slice may change later
+	for i := range config.Routes {
+		config.Routes[i].Concurrency = cmp.Or(config.Routes[i].Concurrency, defaultConcurrency)
+	}
 	if err := config.validate(); err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
@@ -232,11 +279,13 @@ func New(config Config) (*Consumer, error) {
 		},
 		transport: &kafka.Transport{ClientID: "inboxworker", SASL: config.SASL, TLS: config.TLS},
 	}
+	c.limits = make(map[string]*routeLimit, len(config.Routes))
 	for _, r := range config.Routes {
 		c.routes[r.Topic] = r
+		c.limits[r.Topic] = newRouteLimit(r.Concurrency)
 	}
 	c.dlq = c.newDeadLetterWriter()
-	c.deadLetters = deadletter.NewStore(config.Pool)
+	c.deadLetters = config.DeadLetters
 	c.lag = newLagReporter(c)
 	c.metrics.initSeries(c.topics())
 	return c, nil
@@ -262,6 +311,8 @@ func (config *Config) validate() error {
 			return fmt.Errorf("Config.Routes[%d].Handler is a %T, neither a Handler nor a CallHandler", i, r.Handler)
 		case topics[r.Topic]:
 			return fmt.Errorf("Config.Routes[%d].Topic %q is routed twice", i, r.Topic)
+		case r.Concurrency < 1:
+			return fmt.Errorf("Config.Routes[%d].Concurrency must be positive, got %d", i, r.Concurrency)
 		}
 		topics[r.Topic] = true
 	}
@@ -298,14 +349,20 @@ func (config *Config) validate() error {
 	if config.Transactions != PerBatch && config.Transactions != PerMessage {
 		return fmt.Errorf("Config.Transactions must be PerBatch or PerMessage, got %v", config.Transactions)
 	}
+	if config.Ordering != ByKey && config.Ordering != ByPartition {
+		return fmt.Errorf("Config.Ordering must be ByKey or ByPartition, got %v", config.Ordering)
+	}
+	if config.MaxInFlight < 1 {
+		return fmt.Errorf("Config.MaxInFlight must be positive, got %d", config.MaxInFlight)
+	}
 	if config.BatchSize < 1 {
 		return fmt.Errorf("Config.BatchSize must be positive, got %d", config.BatchSize)
 	}
-	if config.Pool == nil {
-		return errors.New("Config.Pool is required")
-	}
 	if config.Store == nil {
 		return errors.New("Config.Store is required")
+	}
+	if config.DeadLetters == nil {
+		return errors.New("Config.DeadLetters is required")
 	}
 	return nil
 }

@@ -44,14 +44,14 @@ func TestDeadLetterTopicRefuses(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			forEachMode(t, func(t *testing.T, mode consumer.Transactions) {
+			forEachMode(t, func(t *testing.T, mode testMode) {
 				testDeadLetterTopicRefuses(t, mode, tt.dlqConfig, tt.size)
 			})
 		})
 	}
 }
 
-func testDeadLetterTopicRefuses(t *testing.T, mode consumer.Transactions, dlqConfig map[string]string, size int) {
+func testDeadLetterTopicRefuses(t *testing.T, mode testMode, dlqConfig map[string]string, size int) {
 	e := &env{t: t, mode: mode, kafka: kafkatest.Start(t, 1, topic), db: pgtest.Schema(t), partitions: 1, log: testlog.New(t)}
 	if err := e.kafka.CreateTopic(dlqTopic, 1, dlqConfig); err != nil {
 		t.Fatal(err)
@@ -160,7 +160,7 @@ func TestDeadLetterStoreFails(t *testing.T) {
 	forEachMode(t, testDeadLetterStoreFails)
 }
 
-func testDeadLetterStoreFails(t *testing.T, mode consumer.Transactions) {
+func testDeadLetterStoreFails(t *testing.T, mode testMode) {
 	logs := &logCounter{counts: map[string]int{}}
 	e := &env{t: t, mode: mode, kafka: kafkatest.Start(t, 1, topic), db: pgtest.Schema(t), partitions: 1,
 		log: slog.New(logs.wrap(testlog.New(t).Handler()))}
@@ -178,7 +178,7 @@ func testDeadLetterStoreFails(t *testing.T, mode consumer.Transactions) {
 	}})
 	e.kafka.Produce(t, topic, kafka.Message{Key: []byte("order-big"),
 		Value: fmt.Appendf(nil, `{"event_id":"big","pad":%q}`, strings.Repeat("x", 2000))})
-	e.produce("next")
+	e.produceOrdered("order-big", "next") // behind big in every ordering mode
 	e.start(config)
 
 	const failed = "cannot store the dead letter its topic refused; the partition waits and tries again"

@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -22,7 +23,7 @@ import (
 func TestGroupLag(t *testing.T) {
 	t.Parallel()
 	const partitions, waiting = 6, 25
-	e := setup(t, consumer.PerBatch, partitions)
+	e := setup(t, testMode{tx: consumer.PerBatch}, partitions)
 
 	// The idle member joins first and holds every partition until the consumers join. Closed last
 	// (cleanups run in reverse), once the consumers have left.
@@ -235,9 +236,9 @@ func TestSeriesFromTheStart(t *testing.T) {
 			{Topic: "a", Name: "a", Handler: &recorder{}},
 			{Topic: "b", Name: "b", Handler: &recorder{}},
 		},
-		Pool:    pool,
-		Store:   store,
-		Metrics: consumer.NewMetrics(reg),
+		Store:       store,
+		DeadLetters: deadletter.NewStore(pool),
+		Metrics:     consumer.NewMetrics(reg),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -38,7 +38,7 @@ func TestShutdown(t *testing.T) {
 
 // testShutdownInFlightFinishes holds a message's handler until the stop has begun: the consumer must
 // let it finish, apply it and commit its offset before Run returns.
-func testShutdownInFlightFinishes(t *testing.T, mode consumer.Transactions) {
+func testShutdownInFlightFinishes(t *testing.T, mode testMode) {
 	e := setup(t, mode, 1)
 	entered, release, finished := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	c, err := consumer.New(e.config(&recorder{
@@ -84,7 +84,7 @@ func testShutdownInFlightFinishes(t *testing.T, mode consumer.Transactions) {
 	}
 }
 
-func testShutdownTimeoutCancels(t *testing.T, mode consumer.Transactions) {
+func testShutdownTimeoutCancels(t *testing.T, mode testMode) {
 	e := setup(t, mode, 1)
 	entered := make(chan struct{})
 	causes := make(chan error, 1)
@@ -129,7 +129,7 @@ func TestDeadLetterTopicUnavailable(t *testing.T) {
 	forEachMode(t, testDeadLetterTopicUnavailable)
 }
 
-func testDeadLetterTopicUnavailable(t *testing.T, mode consumer.Transactions) {
+func testDeadLetterTopicUnavailable(t *testing.T, mode testMode) {
 	e := &env{t: t, mode: mode, kafka: kafkatest.Start(t, 1, topic), db: pgtest.Schema(t), partitions: 1, log: testlog.New(t)}
 	if _, err := e.db.Pool.Exec(t.Context(), effectsTable); err != nil {
 		t.Fatal(err)
@@ -154,7 +154,7 @@ func testDeadLetterTopicUnavailable(t *testing.T, mode consumer.Transactions) {
 		return nil, nil, false
 	})
 	e.start(config)
-	e.produce("bad", "next")
+	e.produceOrdered("order-1", "bad", "next")
 	<-attempted
 
 	// No dead-letter topic yet: the partition waits, trying again. Wait for evidence of tries: the
@@ -198,7 +198,7 @@ func TestLag(t *testing.T) {
 	forEachMode(t, testLag)
 }
 
-func testLag(t *testing.T, mode consumer.Transactions) {
+func testLag(t *testing.T, mode testMode) {
 	e := setup(t, mode, 1)
 	release := make(chan struct{})
 	config := e.config(&recorder{fail: func(d inbox.Delivery) error {
@@ -223,7 +223,7 @@ func TestOffsetCommitFails(t *testing.T) {
 	forEachMode(t, testOffsetCommitFails)
 }
 
-func testOffsetCommitFails(t *testing.T, mode consumer.Transactions) {
+func testOffsetCommitFails(t *testing.T, mode testMode) {
 	e := setup(t, mode, 1)
 	var refuse atomic.Bool
 	var refused atomic.Int64

@@ -23,13 +23,22 @@ type failure struct {
 	attempts int // how many times its handler was started
 }
 
-// processMessage takes one message to a finished state: applied, duplicate or dead-lettered. It
-// returns an error only when it abandons the message (the work was cancelled, or the consumer is
-// stopping while it waited): then nothing of it was committed, and it is delivered again.
-//
-// It is the wrapper around the handler that records the metrics.
-func (p *partition) processMessage(ctx context.Context, m kafka.Message) error {
-	return p.finishMessage(ctx, m, tried{})
+// apply takes a dispatch's messages to a finished state: applied, duplicate or dead-lettered, and
+// says how many finished, in offset order. It runs on the dispatch's own goroutine.
+func (p *partition) apply(ctx context.Context, d *dispatch) settled {
+	e := d.entries[0]
+	switch {
+	case d.starts > crashLoopStarts:
+		if p.deadLetterCrashLoop(ctx, e, d.starts-1) != nil {
+			return settled{d: d} // the count stays: the next owner dead-letters it without running it
+		}
+		return settled{d: d, finished: 1}
+	case d.batch:
+		return settled{d: d, finished: p.applyBatch(ctx, d.entries)}
+	case p.applyMessage(ctx, e, tried{}) != nil:
+		return settled{d: d}
+	}
+	return settled{d: d, finished: 1}
 }
 
 // tried is what happened to a message in batch transactions before it came to the per-message path.
@@ -42,29 +51,37 @@ type tried struct {
 	err error
 }
 
-// finishMessage is processMessage for a message that prior says was tried in batches before.
-func (p *partition) finishMessage(ctx context.Context, m kafka.Message, prior tried) error {
+// verdict is how a message's attempts ended: an outcome of the inbox, or a failure to dead-letter.
+type verdict struct {
+	outcome inbox.Outcome
+	failed  *failure
+}
+
+// applyMessage takes one message, which prior says was tried in batches before, to a finished state
+// and settles it: dead letter, metrics, log. It returns an error only when it abandons the message
+// (the work was cancelled, or the consumer is stopping while it waited): then nothing of it was
+// committed, and it is delivered again.
+//
+// It is the wrapper around the handler that records the metrics.
+func (p *partition) applyMessage(ctx context.Context, e *entry, prior tried) error {
 	began := prior.began
 	if began.IsZero() {
 		began = time.Now()
 	}
-	log := p.log.With("offset", m.Offset)
-	var outcome string
-	var failed *failure
-	key, reason, err := IdempotencyKey(m)
-	if err != nil {
-		failed = &failure{reason: reason, err: err}
+	log := p.log.With("offset", e.msg.Offset)
+	var v verdict
+	if e.keyErr != nil {
+		v.failed = &failure{reason: e.reason, err: e.keyErr}
 	} else {
-		log = log.With("key", key)
-		var applied inbox.Outcome
-		applied, failed, err = p.apply(ctx, m, key, prior, log)
-		if err != nil {
+		log = log.With("key", e.key)
+		var err error
+		if v, err = p.retry(ctx, e, prior, log); err != nil {
 			return err
 		}
-		outcome = string(applied)
 	}
-	if failed != nil {
-		if err := p.deadLetter(ctx, m, *failed, log); err != nil {
+	outcome := string(v.outcome)
+	if v.failed != nil {
+		if err := p.deadLetter(ctx, e.msg, *v.failed, log); err != nil {
 			return err
 		}
 		outcome = outcomeDeadLettered
@@ -74,20 +91,21 @@ func (p *partition) finishMessage(ctx context.Context, m kafka.Message, prior tr
 	return nil
 }
 
-// apply runs m through the inbox and its handler until it is applied or found a duplicate, or
+// retry runs e through the inbox and its handler until it is applied or found a duplicate, or
 // fails for good, which it returns as a failure to dead-letter (a key reused with another payload
-// among them). In between it retries in place, keeping the partition's order:
+// among them). In between it retries in place, keeping its key's order:
 //
-//   - a retryable error waits with exponential backoff and jitter (at least the error's RetryAfter)
-//     until the message's retry budget, Retry.MaxElapsed, runs out;
+//   - a retryable error waits with exponential backoff and jitter (at least the error's RetryAfter,
+//     which pauses the whole route as well) until the message's retry budget, Retry.MaxElapsed,
+//     runs out;
 //   - an outage of the database waits without limit, and without spending the retry budget;
 //   - a permanent error fails at once.
 //
 // Nothing is open while it waits. It returns an error only when ctx is done or the consumer begins
 // to stop while it waits. A message that failed in a batch (prior.err) goes on from that failed
 // attempt.
-func (p *partition) apply(ctx context.Context, m kafka.Message, key string, prior tried, log *slog.Logger) (inbox.Outcome, *failure, error) {
-	msg := p.inboxMessage(m, key)
+func (p *partition) retry(ctx context.Context, e *entry, prior tried, log *slog.Logger) (verdict, error) {
+	msg := p.inboxMessage(e.msg, e.key)
 	budget := &budgetClock{}
 	retries := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(p.c.config.Retry.InitialInterval),
@@ -105,23 +123,23 @@ func (p *partition) apply(ctx context.Context, m kafka.Message, key string, prio
 		err := batchErr
 		if batchErr == nil {
 			attempt++
-			outcome, err = p.attempt(ctx, msg, m.Value, attempt, log)
+			outcome, err = p.attempt(ctx, msg, e.msg.Value, attempt, log)
 		}
 		batchErr = nil
 		switch {
 		case err == nil && outcome == inbox.KeyReused:
-			return "", keyReused(key, attempt), nil
+			return verdict{failed: keyReused(e.key, attempt)}, nil
 		case err == nil:
-			return outcome, nil, nil
+			return verdict{outcome: outcome}, nil
 		case ctx.Err() != nil:
-			return "", nil, context.Cause(ctx)
+			return verdict{}, context.Cause(ctx)
 		}
 
 		err = unwrapPermanent(err)
 		kind, reason, retryAfter := p.classify(ctx, err)
 		switch kind {
 		case fault.KindPermanent:
-			return "", &failure{reason: reason, err: err, attempts: attempt}, nil
+			return verdict{failed: &failure{reason: reason, err: err, attempts: attempt}}, nil
 
 		case fault.KindUnavailable:
 			if outage == nil {
@@ -131,7 +149,7 @@ func (p *partition) apply(ctx context.Context, m kafka.Message, key string, prio
 			log.WarnContext(ctx, "the database is unavailable; waiting for it",
 				"attempt", attempt, "delay", delay, "error", err)
 			if err := p.sleep(ctx, delay); err != nil {
-				return "", nil, err
+				return verdict{}, err
 			}
 			budget.exclude(time.Since(began))
 			continue
@@ -140,13 +158,16 @@ func (p *partition) apply(ctx context.Context, m kafka.Message, key string, prio
 		outage = nil
 		delay := retries.NextBackOff()
 		if delay == backoff.Stop || retries.GetElapsedTime()+retryAfter > p.c.config.Retry.MaxElapsed {
-			return "", &failure{reason: reason, err: err, attempts: attempt}, nil
+			return verdict{failed: &failure{reason: reason, err: err, attempts: attempt}}, nil
 		}
-		delay = max(delay, retryAfter)
+		if retryAfter > 0 {
+			p.limit.pause(retryAfter)
+		}
+		delay = max(delay, retryAfter, p.limit.pausedFor())
 		p.c.metrics.retried(p.topic)
 		log.InfoContext(ctx, "retrying the message", "attempt", attempt, "delay", delay, "error", err)
 		if err := p.sleep(ctx, delay); err != nil {
-			return "", nil, err
+			return verdict{}, err
 		}
 	}
 }
@@ -202,7 +223,7 @@ func (p *partition) classify(ctx context.Context, err error) (fault.Kind, fault.
 	}
 	ping, cancel := context.WithTimeout(ctx, pingTimeout)
 	defer cancel()
-	if perr := p.c.config.Pool.Ping(ping); perr != nil && ctx.Err() == nil {
+	if perr := p.c.config.Store.Ping(ping); perr != nil && ctx.Err() == nil {
 		return fault.KindUnavailable, reason, 0
 	}
 	return kind, reason, retryAfter

@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
@@ -28,9 +27,9 @@ func TestDatabaseOutage(t *testing.T) {
 	forEachMode(t, testDatabaseOutage)
 }
 
-func testDatabaseOutage(t *testing.T, mode consumer.Transactions) {
-	// One partition: the messages after "held" wait behind it, so no other transaction is in flight
-	// when the connection is cut.
+func testDatabaseOutage(t *testing.T, mode testMode) {
+	// One partition, one key: the messages after "held" wait behind it, so no other transaction is
+	// in flight when the connection is cut.
 	e := setup(t, mode, 1)
 	proxy := startProxy(t, e.db.URL)
 	pool, err := pgxpool.New(context.Background(), proxy.url)
@@ -63,7 +62,7 @@ func testDatabaseOutage(t *testing.T, mode consumer.Transactions) {
 	e.waitFor("the first messages applied", func() bool { return len(e.effects()) == len(before) })
 
 	during := append([]string{"held"}, keys("during", 20)...)
-	e.produce(during...)
+	e.produceOrdered("order-held", during...)
 	<-held
 	cut := time.Now()
 	proxy.cut()
@@ -209,7 +208,7 @@ func TestNoTransactionWhileWaiting(t *testing.T) {
 	forEachMode(t, testNoTransactionWhileWaiting)
 }
 
-func testNoTransactionWhileWaiting(t *testing.T, mode consumer.Transactions) {
+func testNoTransactionWhileWaiting(t *testing.T, mode testMode) {
 	e := setup(t, mode, 1)
 	poolConfig, err := pgxpool.ParseConfig(e.db.URL)
 	if err != nil {
@@ -267,7 +266,7 @@ func TestDatabaseOutageBeforeBatch(t *testing.T) {
 	forEachMode(t, testDatabaseOutageBeforeBatch)
 }
 
-func testDatabaseOutageBeforeBatch(t *testing.T, mode consumer.Transactions) {
+func testDatabaseOutageBeforeBatch(t *testing.T, mode testMode) {
 	e := setup(t, mode, 1)
 	proxy := startProxy(t, e.db.URL)
 	pool, err := pgxpool.New(context.Background(), proxy.url)

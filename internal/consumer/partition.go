@@ -4,25 +4,38 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxworker/inboxworker/internal/fault"
 )
 
 // errStopping is the cause of the end of fetching and waiting once Run's context is cancelled.
 var errStopping = errors.New("consumer: stopping")
 
-// beforeOffsetCommit, when set (by tests only), runs after a batch is finished and before its
-// offset is committed.
+// beforeOffsetCommit, when set (by tests only), runs before each offset commit.
 var beforeOffsetCommit func(topic string, partition int, offset int64)
 
-// partition consumes one partition for the generation that assigned it. Its run loop is:
+// commitInterval is the least time between two offset commits of a busy partition: messages
+// finishing one by one at hundreds a second share a commit instead of costing one each. A partition
+// whose fetched messages are all finished commits at once.
+const commitInterval = 50 * time.Millisecond
+
+// partition consumes one partition for the generation that assigned it. One goroutine (run) owns
+// its state and goes round
 //
-//	fetch a batch → record the batch's offset range (crash-loop guard) → process the batch's
-//	messages → commit the offset after the last finished one
+//	fetch → schedule → apply → settle → commit
 //
-// Messages are processed strictly in offset order; partitions run concurrently.
+// A fetcher goroutine fetches up to MaxInFlight messages ahead of the commit. schedule starts, each
+// on a goroutine of its own, the messages that may start: the next message of every ordering key
+// with nothing in flight (see Config.Ordering), as a batch or one by one, within the route's
+// concurrency. apply takes a dispatch's messages to a finished state (applied, duplicate or
+// dead-lettered). settle marks them finished and frees their keys. commit commits the offset after
+// the highest contiguous finished message.
 type partition struct {
 	c      *Consumer
 	route  Route
@@ -31,46 +44,90 @@ type partition struct {
 	gen    *kafka.Generation
 	offset int64 // the assigned offset: the group's committed offset, or kafka.FirstOffset
 	log    *slog.Logger
+	limit  *routeLimit
 
-	// together is the route's handler when batches are applied in one transaction, else nil.
-	together BatchHandler
+	// batcher is the route's handler when batches are applied in one transaction, else nil.
+	batcher BatchHandler
 
 	reader   *kafka.Reader
 	stopping <-chan struct{} // closed when Run's context is cancelled
-	pending  []kafka.Message // fetched, not yet taken into a batch
 
-	// suspects is the last offset of a range a previous run started and never finished: it died in
-	// it, perhaps because of one of its messages. Up to it, messages run one per batch, so that the
-	// crash-loop guard counts each one's starts. -1 when there is none.
-	suspects int64
-	checked  bool // whether suspects has been looked up
+	// The state below belongs to run's goroutine.
+
+	window     []*entry        // fetched, not yet committed, in offset order
+	finished   int             // how many of window's first messages are finished
+	busy       map[string]bool // ordering keys with a dispatch in flight
+	unstarted  int             // messages of window not started
+	running    int             // dispatches in flight
+	held       int             // route slots taken and not yet given to a dispatch
+	wantsSlot  bool            // a message could start if a slot were free
+	room       chan struct{}   // a token per message fetched and not committed
+	settled    chan settled    // dispatches' results
+	committed  int64           // the offset committed last, else the first fetched; -1 before that
+	lastCommit time.Time
+	guard      crashGuard
+}
+
+// entry is one fetched message, from its fetch to the commit that covers it.
+type entry struct {
+	msg     kafka.Message
+	order   string // its ordering key
+	key     string // its idempotency key; "" when it has no valid one
+	reason  fault.Reason
+	keyErr  error // why it has no valid idempotency key
+	fetched time.Time
+	started bool
+	done    bool
+}
+
+// dispatch is what schedule starts at once: one message, or a batch applied in one transaction.
+type dispatch struct {
+	entries []*entry
+	batch   bool
+	// starts, for a message run alone in a range a previous run died in, counts the starts of its
+	// range in a row, this one included (see crashGuard); 0 otherwise.
+	starts int
+}
+
+// settled is what came of a dispatch: how many of its messages finished, in offset order. The
+// others were abandoned, their work rolled back, because the partition was revoked or the
+// consumer is stopping.
+type settled struct {
+	d        *dispatch
+	finished int
 }
 
 func (c *Consumer) newPartition(route Route, a kafka.PartitionAssignment, gen *kafka.Generation) *partition {
-	var together BatchHandler
+	var batcher BatchHandler
 	if h, ok := route.Handler.(BatchHandler); ok && c.config.Transactions == PerBatch {
-		together = h
+		batcher = h
 	}
-	return &partition{
-		together: together,
-		c:        c,
-		route:    route,
-		topic:    route.Topic,
-		id:       a.ID,
-		gen:      gen,
-		offset:   a.Offset,
-		log:      c.log.With("topic", route.Topic, "partition", a.ID, "generation", gen.ID),
-		suspects: -1,
+	p := &partition{
+		batcher:   batcher,
+		c:         c,
+		route:     route,
+		topic:     route.Topic,
+		id:        a.ID,
+		gen:       gen,
+		offset:    a.Offset,
+		log:       c.log.With("topic", route.Topic, "partition", a.ID, "generation", gen.ID),
+		limit:     c.limits[route.Topic],
+		busy:      make(map[string]bool),
+		room:      make(chan struct{}, c.config.MaxInFlight),
+		settled:   make(chan settled, c.config.MaxInFlight),
+		committed: -1,
 	}
+	p.guard = newCrashGuard(p)
+	return p
 }
 
 // run consumes the partition until the generation ends (genCtx), Run's context is cancelled (stop),
 // or in-flight work is cancelled at the end of the shutdown timeout (hard).
 //
-// Two contexts govern the loop. work, under which messages are processed, ends when the partition
-// is revoked or the shutdown timeout runs out: a transaction in flight then rolls back. idle, under
-// which the loop fetches and waits between retries, ends as well when the consumer begins to stop,
-// so that a stop lets the current message finish but starts no new one.
+// Two contexts govern it. work, under which messages are applied, ends when the partition is
+// revoked or the shutdown timeout runs out: a transaction in flight then rolls back. idle, under
+// which it fetches, schedules and waits between retries, ends as well when the consumer begins to
+// stop, so that a stop lets the messages in flight finish but starts no new one.
 func (p *partition) run(stop, hard, genCtx context.Context) {
 	work, cancelWork := context.WithCancelCause(hard)
 	defer cancelWork(nil)
@@ -85,7 +142,7 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 		Topic:           p.topic,
 		Partition:       p.id,
 		Dialer:          p.c.dialer,
-		QueueCapacity:   p.c.config.BatchSize,
+		QueueCapacity:   min(p.c.config.MaxInFlight, p.c.config.BatchSize),
 		MaxWait:         fetchMaxWait,
 		ReadLagInterval: -1,
 		Logger:          kafkaLogger(p.log, slog.LevelDebug),
@@ -101,31 +158,20 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 		return
 	}
 	transactions := PerMessage
-	if p.together != nil {
+	if p.batcher != nil {
 		transactions = PerBatch
 	}
-	p.log.Info("consuming the partition", "offset", offsetAttr(p.offset), "transactions", transactions.String())
+	p.log.Info("consuming the partition", "offset", offsetAttr(p.offset), "transactions", transactions.String(),
+		"ordering", p.c.config.Ordering.String())
 
-	for {
-		batch, err := p.nextBatch(idle)
-		if err != nil {
-			if idle.Err() != nil {
-				break
-			}
-			p.log.Warn("cannot fetch from the partition; retrying", "error", err)
-			if p.sleep(idle, time.Second) != nil {
-				break
-			}
-			continue
-		}
-		finished := p.runBatch(work, batch)
-		if finished > 0 {
-			p.commit(batch[finished-1].Offset + 1)
-		}
-		if finished < len(batch) {
-			break
-		}
-	}
+	fetched := make(chan kafka.Message, p.c.config.MaxInFlight)
+	var fetcher sync.WaitGroup
+	fetcher.Go(func() { p.fetch(idle, fetched) })
+	p.loop(work, idle, fetched)
+	cancelIdle(nil)
+	fetcher.Wait()
+	p.guard.release(work)
+
 	cause := context.Cause(idle)
 	if work.Err() != nil {
 		cause = context.Cause(work) // revoked, or stopped at the shutdown timeout
@@ -133,109 +179,173 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 	p.log.Info("released the partition", "cause", cause)
 }
 
-// nextBatch returns the next messages to run together: up to BatchSize, or those that arrived
-// within BatchWait of the first; a single message while in a range a previous run died in.
-func (p *partition) nextBatch(ctx context.Context) ([]kafka.Message, error) {
-	if len(p.pending) == 0 {
-		if err := p.fetch(ctx); err != nil {
-			return nil, err
+// loop runs the partition's steps until it is drained: idle is done and nothing is in flight.
+func (p *partition) loop(work, idle context.Context, fetched <-chan kafka.Message) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	defer p.giveBackSlots()
+	for {
+		draining := idle.Err() != nil
+		var wake time.Duration
+		if !draining {
+			wake = p.schedule(work, idle)
+		}
+		if due, wait := p.commitDue(draining); due {
+			p.commit()
+		} else if wait > 0 && (wake == 0 || wait < wake) {
+			wake = wait
+		}
+		if draining && p.running == 0 {
+			return
+		}
+
+		var in <-chan kafka.Message
+		var idleDone <-chan struct{}
+		if !draining {
+			in, idleDone = fetched, idle.Done()
+		}
+		var slot chan<- struct{}
+		if p.wantsSlot && !draining {
+			slot = p.limit.slots
+		}
+		var alarm <-chan time.Time
+		if wake > 0 {
+			timer.Reset(wake)
+			alarm = timer.C
+		}
+		select {
+		case m := <-in:
+			p.add(work, m)
+			p.addMore(work, fetched)
+		case s := <-p.settled:
+			p.settle(s)
+		case slot <- struct{}{}:
+			p.held++
+		case <-alarm:
+		case <-idleDone:
+		}
+		if alarm != nil && !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
 		}
 	}
-	if !p.checked {
-		if err := p.findUnfinished(ctx, p.pending[0].Offset); err != nil {
-			return nil, err
-		}
-		p.checked = true
-	}
-	n := min(len(p.pending), p.c.config.BatchSize)
-	if p.pending[0].Offset <= p.suspects {
-		n = 1
-	}
-	batch := p.pending[:n:n]
-	p.pending = p.pending[n:]
-	return batch, nil
 }
 
-// fetch waits for a message, then takes whatever else arrives within BatchWait, up to BatchSize.
-func (p *partition) fetch(ctx context.Context) error {
-	m, err := p.reader.FetchMessage(ctx)
-	if err != nil {
-		return err
-	}
-	p.fetched(m)
-	p.pending = append(make([]kafka.Message, 0, p.c.config.BatchSize), m)
-	wait, cancel := context.WithTimeout(ctx, p.c.config.BatchWait)
-	defer cancel()
-	for len(p.pending) < p.c.config.BatchSize {
-		m, err := p.reader.FetchMessage(wait)
+// fetch fetches the partition's messages into out until ctx is done, never more than MaxInFlight
+// ahead of the commit.
+func (p *partition) fetch(ctx context.Context, out chan<- kafka.Message) {
+	for {
+		select {
+		case p.room <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		m, err := p.reader.FetchMessage(ctx)
 		if err != nil {
-			// The wait is over (or the fetch failed, which the next fetch will report). A cancelled
-			// FetchMessage loses no message.
-			return nil
+			<-p.room
+			if ctx.Err() != nil {
+				return // a cancelled FetchMessage loses no message
+			}
+			p.log.Warn("cannot fetch from the partition; retrying", "error", err)
+			if p.sleep(ctx, time.Second) != nil {
+				return
+			}
+			continue
 		}
-		p.fetched(m)
-		p.pending = append(p.pending, m)
+		if o := p.c.config.Observer; o != nil {
+			o.Fetched(p.topic, p.id, m.Offset)
+		}
+		out <- m // never blocks: out holds MaxInFlight
 	}
-	return nil
 }
 
-// runBatch records the batch's start for the crash-loop guard, then processes it. It returns how
-// many of the batch's messages finished, in offset order: all of them unless the work was cancelled
-// or the consumer is stopping.
-func (p *partition) runBatch(ctx context.Context, batch []kafka.Message) int {
-	first, last := batch[0].Offset, batch[len(batch)-1].Offset
-	starts, err := p.recordStart(ctx, first, last)
-	if err != nil {
-		return 0
+// add takes a fetched message into the window, with its keys.
+func (p *partition) add(ctx context.Context, m kafka.Message) {
+	e := &entry{msg: m, fetched: time.Now()}
+	e.key, e.reason, e.keyErr = IdempotencyKey(m)
+	switch {
+	case p.c.config.Ordering == ByPartition:
+		e.order = ""
+	case len(m.Key) > 0:
+		e.order = "k" + string(m.Key)
+	case e.keyErr == nil:
+		e.order = "i" + e.key
+	default:
+		e.order = "o" + strconv.FormatInt(m.Offset, 10) // its own: it is dead-lettered, in any order
 	}
-	if len(batch) == 1 && starts > crashLoopStarts {
-		if p.deadLetterCrashLoop(ctx, batch[0], starts-1) != nil {
-			return 0 // the count stays: the next owner dead-letters it without running it
-		}
-		return 1
+	if p.committed < 0 {
+		p.committed = m.Offset // the partition starts here: what came before is not this run's
 	}
-	finished := p.processBatch(ctx, batch)
-	if finished < len(batch) {
-		// Abandoned cleanly, by a rebalance or a stop: no crash to count.
-		p.releaseStart(ctx, first, last)
-	}
-	return finished
+	p.window = append(p.window, e)
+	p.unstarted++
+	p.guard.fetched(ctx, e)
 }
 
-// processBatch applies a batch's messages and returns how many finished (applied, duplicate or
-// dead-lettered), in offset order. It stops early when the work is cancelled or the consumer begins
-// to stop. It is the seam between the processing strategies: in one transaction when the route's
-// handler can take a batch (processTogether), else one transaction per message (processEach).
-func (p *partition) processBatch(ctx context.Context, batch []kafka.Message) int {
-	if p.together != nil {
-		return p.processTogether(ctx, p.together, batch)
-	}
-	return p.processEach(ctx, batch, nil)
-}
-
-// processEach is the per-message strategy: it applies a batch's messages one at a time, each in its
-// own inbox transaction, and returns how many finished. prior, when set, says what happened to each
-// message in batches before.
-func (p *partition) processEach(ctx context.Context, batch []kafka.Message, prior []tried) int {
-	for i, m := range batch {
-		if p.isStopping() {
-			return i
-		}
-		var t tried
-		if prior != nil {
-			t = prior[i]
-		}
-		if err := p.finishMessage(ctx, m, t); err != nil {
-			return i
+// addMore takes in whatever else was fetched already, so that one schedule covers it all.
+func (p *partition) addMore(ctx context.Context, fetched <-chan kafka.Message) {
+	for len(p.window) < p.c.config.MaxInFlight {
+		select {
+		case m := <-fetched:
+			p.add(ctx, m)
+		default:
+			return
 		}
 	}
-	return len(batch)
 }
 
-// commit commits offset, the next to consume, in the generation that assigned the partition. A
-// commit that fails is not retried: the next batch's commit covers it, and if none comes the
-// messages since the last commit are delivered again and found in the inbox.
-func (p *partition) commit(offset int64) {
+// settle marks the messages of a dispatch that finished and frees its ordering keys.
+func (p *partition) settle(s settled) {
+	p.running--
+	for i, e := range s.d.entries {
+		e.done = i < s.finished
+		delete(p.busy, e.order)
+	}
+	for p.finished < len(p.window) && p.window[p.finished].done {
+		p.finished++
+	}
+	if s.d.starts > 0 && s.finished > 0 {
+		// A message of a range a run died in: its offset is committed before the next starts, so
+		// that the next owner does not count this start against it.
+		p.commit()
+	}
+}
+
+// commitDue says whether the offset is to be committed now, or else how long until it will be.
+func (p *partition) commitDue(draining bool) (bool, time.Duration) {
+	if p.finished == 0 {
+		return false, 0
+	}
+	if draining || p.finished == len(p.window) {
+		return true, 0
+	}
+	since := time.Since(p.lastCommit)
+	if since >= commitInterval {
+		return true, 0
+	}
+	return false, commitInterval - since
+}
+
+// commit commits the offset after the highest contiguous finished message, in the generation that
+// assigned the partition, and drops the finished messages from the window. A commit that fails is
+// not retried: the next commit covers it, and if none comes the messages since the last commit are
+// delivered again and found in the inbox.
+func (p *partition) commit() {
+	if p.finished == 0 {
+		return
+	}
+	offset := p.window[p.finished-1].msg.Offset + 1
+	n := p.finished
+	clear(p.window[:n])
+	p.window = p.window[n:]
+	p.finished = 0
+	p.lastCommit = time.Now()
+	defer func() {
+		for range n {
+			<-p.room // the fetcher may fetch as many more
+		}
+	}()
 	if hook := beforeOffsetCommit; hook != nil {
 		hook(p.topic, p.id, offset)
 	}
@@ -245,15 +355,10 @@ func (p *partition) commit(offset int64) {
 			"offset", offset, "error", err)
 		return
 	}
+	p.committed = offset
 	p.log.Debug("committed the offset", "offset", offset)
 	if o := p.c.config.Observer; o != nil {
 		o.Committed(p.topic, p.id, offset)
-	}
-}
-
-func (p *partition) fetched(m kafka.Message) {
-	if o := p.c.config.Observer; o != nil {
-		o.Fetched(p.topic, p.id, m.Offset)
 	}
 }
 

@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,8 +33,12 @@ func TestRebalance(t *testing.T) {
 	forEachMode(t, testRebalance)
 }
 
-func testRebalance(t *testing.T, mode consumer.Transactions) {
-	e := setup(t, mode, 4)
+func testRebalance(t *testing.T, mode testMode) {
+	rebalance(t, setup(t, mode, 4))
+}
+
+// rebalance runs the stream of TestRebalance through e.
+func rebalance(t *testing.T, e *env) {
 	all := keys("r", 400)
 	e.produce(all...)
 
@@ -56,4 +61,35 @@ func testRebalance(t *testing.T, mode consumer.Transactions) {
 		t.Error("the first consumer is not ready")
 	}
 	checkOnce(t, e, all)
+}
+
+// TestRebalanceCommitsFinishedOnly runs TestRebalance's stream while checking, before every offset
+// commit, that every message below the offset is finished: its inbox row committed. Messages of
+// different keys finish out of order; none may be committed over. It is not parallel: the check is
+// a hook of the package, set for this test alone.
+func TestRebalanceCommitsFinishedOnly(t *testing.T) {
+	for _, mode := range []testMode{{consumer.PerMessage, consumer.ByKey}, {consumer.PerBatch, consumer.ByKey}} {
+		t.Run(mode.String(), func(t *testing.T) {
+			e := setup(t, mode, 4)
+			var commits atomic.Int64
+			consumer.SetBeforeOffsetCommit(func(topic string, partition int, offset int64) {
+				commits.Add(1)
+				var finished int64
+				err := e.db.Pool.QueryRow(context.Background(), `
+					SELECT count(DISTINCT "offset") FROM inbox WHERE topic = $1 AND "partition" = $2 AND "offset" < $3`,
+					topic, partition, offset).Scan(&finished)
+				if err != nil {
+					t.Errorf("check the commit of offset %d of partition %d: %v", offset, partition, err)
+				} else if finished != offset {
+					t.Errorf("partition %d: committing offset %d with %d messages below it finished", partition, offset, finished)
+				}
+			})
+			// Runs after the consumers' stops, which are cleanups registered later.
+			t.Cleanup(func() { consumer.SetBeforeOffsetCommit(nil) })
+			rebalance(t, e)
+			if commits.Load() == 0 {
+				t.Error("no offset commit was checked")
+			}
+		})
+	}
 }

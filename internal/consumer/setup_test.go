@@ -18,6 +18,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
@@ -38,32 +39,47 @@ const (
 	handler  = "events"
 )
 
-// modes are the values of Config.Transactions that the tests run the consumer in: each guarantee
-// holds in both.
-var modes = []consumer.Transactions{consumer.PerMessage, consumer.PerBatch}
+// testMode is a way to run the consumer: a value of Config.Transactions and one of Config.Ordering.
+type testMode struct {
+	tx    consumer.Transactions
+	order consumer.Ordering
+}
 
-// forEachMode runs test as a parallel subtest for each mode, named after it (PerMessage, PerBatch).
-func forEachMode(t *testing.T, test func(t *testing.T, mode consumer.Transactions)) {
+// modes are the ways the tests run the consumer: each guarantee holds in all of them.
+var modes = []testMode{
+	{consumer.PerMessage, consumer.ByKey},
+	{consumer.PerBatch, consumer.ByKey},
+	{consumer.PerMessage, consumer.ByPartition},
+	{consumer.PerBatch, consumer.ByPartition},
+}
+
+// forEachMode runs test as a parallel subtest for each mode, named after it (PerMessage/ByKey,
+// PerBatch/ByPartition, ...).
+func forEachMode(t *testing.T, test func(t *testing.T, mode testMode)) {
 	t.Helper()
 	for _, mode := range modes {
-		t.Run(modeName(mode), func(t *testing.T) {
+		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			test(t, mode)
 		})
 	}
 }
 
-func modeName(mode consumer.Transactions) string {
-	if mode == consumer.PerBatch {
-		return "PerBatch"
+func (m testMode) String() string {
+	tx, order := "PerMessage", "ByKey"
+	if m.tx == consumer.PerBatch {
+		tx = "PerBatch"
 	}
-	return "PerMessage"
+	if m.order == consumer.ByPartition {
+		order = "ByPartition"
+	}
+	return tx + order
 }
 
 // env is one test's broker, schema and metrics.
 type env struct {
 	t          *testing.T
-	mode       consumer.Transactions
+	mode       testMode
 	kafka      *kafkatest.Cluster
 	db         *pgtest.DB
 	partitions int
@@ -74,7 +90,7 @@ type env struct {
 // setup starts a broker with topic and its dead-letter topic (partitions each) and a fresh schema
 // with an effects table, where the test handler records what it applied, inside the inbox
 // transaction. The consumers it configures run in mode.
-func setup(t *testing.T, mode consumer.Transactions, partitions int) *env {
+func setup(t *testing.T, mode testMode, partitions int) *env {
 	t.Helper()
 	log, logs := testlog.Capture(t)
 	e := &env{
@@ -147,8 +163,8 @@ func (e *env) config(h consumer.Handler) consumer.Config {
 	return testConfig(e.kafka.Addr, e.db.Pool, store, h, e.mode, e.log)
 }
 
-func testConfig(broker string, pool *pgxpool.Pool, store *inbox.Store, h consumer.Handler,
-	mode consumer.Transactions, log *slog.Logger) consumer.Config {
+func testConfig(broker string, pool *pgxpool.Pool, store *inbox.Store, h any,
+	mode testMode, log *slog.Logger) consumer.Config {
 	return consumer.Config{
 		Brokers:        []string{broker},
 		GroupID:        group,
@@ -159,11 +175,12 @@ func testConfig(broker string, pool *pgxpool.Pool, store *inbox.Store, h consume
 			MaxInterval:     20 * time.Millisecond,
 			MaxElapsed:      5 * time.Second,
 		},
-		Transactions:    mode,
+		Transactions:    mode.tx,
+		Ordering:        mode.order,
 		ShutdownTimeout: 5 * time.Second,
 		LagInterval:     50 * time.Millisecond,
-		Pool:            pool,
 		Store:           store,
+		DeadLetters:     deadletter.NewStore(pool),
 		Metrics:         consumer.NewMetrics(prometheus.NewRegistry()),
 		Logger:          log,
 	}
@@ -199,6 +216,18 @@ func (e *env) produce(keys ...string) []kafka.Message {
 	msgs := make([]kafka.Message, len(keys))
 	for i, k := range keys {
 		msgs[i] = kafka.Message{Key: []byte("order-" + k), Value: eventValue(k, i)}
+	}
+	e.kafka.Produce(e.t, topic, msgs...)
+	return msgs
+}
+
+// produceOrdered writes messages with the given idempotency keys, all with the Kafka key
+// orderingKey: they are applied one after another, in this order, in every ordering mode.
+func (e *env) produceOrdered(orderingKey string, keys ...string) []kafka.Message {
+	e.t.Helper()
+	msgs := make([]kafka.Message, len(keys))
+	for i, k := range keys {
+		msgs[i] = kafka.Message{Key: []byte(orderingKey), Value: eventValue(k, i)}
 	}
 	e.kafka.Produce(e.t, topic, msgs...)
 	return msgs

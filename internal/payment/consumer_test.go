@@ -139,8 +139,8 @@ func testThroughConsumer(t *testing.T, mode consumer.Transactions) {
 		Transactions:    mode,
 		ShutdownTimeout: 5 * time.Second,
 		LagInterval:     50 * time.Millisecond,
-		Pool:            e.pool,
 		Store:           e.store,
+		DeadLetters:     deadletter.NewStore(e.pool),
 		Metrics:         metrics,
 		Logger:          testlog.New(t),
 	})
@@ -265,8 +265,8 @@ func testOneOrderPerTransactionThroughConsumer(t *testing.T, mode consumer.Trans
 		Transactions:    mode,
 		ShutdownTimeout: 5 * time.Second,
 		LagInterval:     50 * time.Millisecond,
-		Pool:            e.pool,
 		Store:           e.store,
+		DeadLetters:     deadletter.NewStore(e.pool),
 		Metrics:         metrics,
 		Logger:          testlog.New(t),
 	})

@@ -1,0 +1,196 @@
+package consumer
+
+import (
+	"context"
+	"math"
+	"time"
+)
+
+// schedule starts the messages that may start now, each dispatch on a goroutine of its own, and
+// returns how long until it should look again though nothing happens (a batch waiting for more
+// messages, a paused route); 0 when only an event (a fetch, a settled dispatch, a free slot of the
+// route) can change what may start.
+//
+// A message may start when it is the first unstarted message of its ordering key and its key has
+// nothing in flight. Messages of a route whose handler takes batches start as batches: the
+// startable messages, and the later messages of their keys, in offset order, up to BatchSize; a
+// batch smaller than that waits BatchWait after its first message's fetch for more.
+func (p *partition) schedule(work, idle context.Context) time.Duration {
+	p.wantsSlot = false
+	defer p.giveBackSlots() // a slot taken for this round and not used goes to the route's others
+	if p.guard.narrowing() {
+		return p.scheduleAlone(work)
+	}
+	if d := p.limit.pausedFor(); d > 0 {
+		return d
+	}
+	if p.unstarted == 0 {
+		return 0
+	}
+	if p.held == 0 && len(p.limit.slots) == cap(p.limit.slots) {
+		p.wantsSlot = true // no slot to start anything with: no need to look for what could start
+		return 0
+	}
+	var ds []*dispatch
+	var wait time.Duration
+	if p.batcher != nil {
+		ds, wait = p.pickBatches()
+	} else {
+		ds = p.pickMessages()
+	}
+	if len(ds) == 0 {
+		return wait
+	}
+	if !p.guard.cover(work, ds) {
+		p.unpick(ds) // stopping or revoked while the database was down
+		return 0
+	}
+	for _, d := range ds {
+		p.launch(work, d)
+	}
+	return wait
+}
+
+// pickMessages takes the messages that may start, one dispatch each, as long as the route has slots.
+func (p *partition) pickMessages() []*dispatch {
+	var ds []*dispatch
+	barrier := p.guard.barrier()
+	for _, e := range p.window[p.finished:] {
+		if e.msg.Offset >= barrier {
+			break
+		}
+		if e.started || p.busy[e.order] {
+			continue
+		}
+		if !p.takeSlot() {
+			p.wantsSlot = true
+			break
+		}
+		p.start(e)
+		ds = append(ds, &dispatch{entries: []*entry{e}})
+	}
+	return ds
+}
+
+// pickBatches forms the batches that may start, as long as the route has slots, and says how long
+// the next is to wait for more messages.
+func (p *partition) pickBatches() ([]*dispatch, time.Duration) {
+	var ds []*dispatch
+	barrier := p.guard.barrier()
+	for {
+		if wait := p.batchWait(); wait > 0 {
+			return ds, wait // before looking through the window for each message fetched meanwhile
+		}
+		var batch []*entry
+		for _, e := range p.window[p.finished:] {
+			if e.msg.Offset >= barrier || len(batch) == p.c.config.BatchSize {
+				break
+			}
+			if !e.started && !p.busy[e.order] {
+				batch = append(batch, e) // a key's later messages follow its first, in offset order
+			}
+		}
+		if len(batch) == 0 {
+			return ds, 0
+		}
+		if len(batch) < p.c.config.BatchSize && len(p.window) < p.c.config.MaxInFlight {
+			if wait := p.c.config.BatchWait - time.Since(batch[0].fetched); wait > 0 {
+				return ds, wait
+			}
+		}
+		if !p.takeSlot() {
+			p.wantsSlot = true
+			return ds, 0
+		}
+		for _, e := range batch {
+			p.start(e)
+		}
+		ds = append(ds, &dispatch{entries: batch, batch: true})
+	}
+}
+
+// scheduleAlone starts the first unfinished message alone, once nothing else is in flight: the
+// partition is in a range a previous run died in (see crashGuard).
+func (p *partition) scheduleAlone(work context.Context) time.Duration {
+	if p.running > 0 {
+		return 0
+	}
+	if d := p.limit.pausedFor(); d > 0 {
+		return d
+	}
+	if !p.takeSlot() {
+		p.wantsSlot = true
+		return 0
+	}
+	e := p.window[p.finished]
+	starts, ok := p.guard.recordAlone(work, e)
+	if !ok {
+		p.limit.release()
+		return 0
+	}
+	p.start(e)
+	p.launch(work, &dispatch{entries: []*entry{e}, batch: p.batcher != nil, starts: starts})
+	return 0
+}
+
+// launch runs d on a goroutine of its own, holding its route slot; its result comes back to settle.
+func (p *partition) launch(work context.Context, d *dispatch) {
+	p.running++
+	go func() {
+		s := p.apply(work, d)
+		p.limit.release()
+		p.settled <- s // never blocks: there are never more dispatches than messages in flight
+	}()
+}
+
+// unpick undoes the picking of dispatches that will not start.
+func (p *partition) unpick(ds []*dispatch) {
+	for _, d := range ds {
+		for _, e := range d.entries {
+			e.started = false
+			p.unstarted++
+			delete(p.busy, e.order)
+		}
+		p.limit.release()
+	}
+}
+
+// start marks e started and its key busy.
+func (p *partition) start(e *entry) {
+	e.started = true
+	p.unstarted--
+	p.busy[e.order] = true
+}
+
+// batchWait says how long the next batch is to wait for more messages: while fewer than BatchSize
+// are unstarted, there is room to fetch more, and the first unstarted one was fetched less than
+// BatchWait ago.
+func (p *partition) batchWait() time.Duration {
+	if p.unstarted >= p.c.config.BatchSize || len(p.window) >= p.c.config.MaxInFlight {
+		return 0
+	}
+	for _, e := range p.window[p.finished:] {
+		if !e.started {
+			return p.c.config.BatchWait - time.Since(e.fetched)
+		}
+	}
+	return 0
+}
+
+// takeSlot takes a slot of the route: one the loop took already, else a free one.
+func (p *partition) takeSlot() bool {
+	if p.held > 0 {
+		p.held--
+		return true
+	}
+	return p.limit.tryAcquire()
+}
+
+func (p *partition) giveBackSlots() {
+	for ; p.held > 0; p.held-- {
+		p.limit.release()
+	}
+}
+
+// noBarrier is crashGuard.barrier when no range is suspect.
+const noBarrier = math.MaxInt64

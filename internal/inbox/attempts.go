@@ -1,0 +1,110 @@
+package inbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The statements of a consumer's crash-loop guard (package consumer). A consumer records each range
+// of offsets of a partition before it starts the range's messages, and deletes the record once the
+// range is finished or cleanly abandoned; a record that outlives its run tells the partition's next
+// owner that a run died in that range. The store only keeps the records: what a death means is the
+// consumer's business.
+
+// Partition names one partition of a topic as a consumer group consumes it.
+type Partition struct {
+	Group     string
+	Topic     string
+	Partition int32
+}
+
+// StartedRange is a range of offsets whose messages a consumer started.
+type StartedRange struct {
+	First, Last int64
+	// FirstFingerprint identifies the message at First (see Fingerprint): a message at that offset
+	// with another fingerprint is another message, and the record says nothing about it.
+	FirstFingerprint [sha256.Size]byte
+	// Starts counts how many times in a row this same range was started without being finished.
+	Starts int
+}
+
+const recordStartSQL = `
+WITH finished AS (
+    DELETE FROM inbox_attempts
+    WHERE consumer_group = $1 AND topic = $2 AND "partition" = $3
+      AND last_offset < $7 AND first_offset <> $4
+)
+INSERT INTO inbox_attempts AS a
+       (consumer_group, topic, "partition", first_offset, last_offset, first_fingerprint, starts)
+VALUES ($1, $2, $3, $4, $5, $6, 1)
+ON CONFLICT (consumer_group, topic, "partition", first_offset) DO UPDATE
+SET starts = CASE WHEN a.last_offset = excluded.last_offset
+                   AND a.first_fingerprint = excluded.first_fingerprint
+                  THEN a.starts + 1 ELSE 1 END,
+    last_offset = excluded.last_offset,
+    first_fingerprint = excluded.first_fingerprint,
+    updated_at = now()
+RETURNING starts`
+
+// RecordStart records, in one autocommit statement, that r's messages of p start now, and returns
+// how many times in a row that same range (same offsets, same first message) has been started,
+// this time included; r.Starts is not read. In the same statement it deletes p's records of ranges
+// that ended before finishedBefore, the partition's committed offset: they finished.
+func (s *Store) RecordStart(ctx context.Context, p Partition, r StartedRange, finishedBefore int64) (int, error) {
+	var starts int
+	err := s.pool.QueryRow(ctx, recordStartSQL, p.Group, p.Topic, p.Partition,
+		r.First, r.Last, r.FirstFingerprint[:], finishedBefore).Scan(&starts)
+	if err != nil {
+		return 0, Classify(fmt.Errorf("inbox: record a start: %w", err))
+	}
+	return starts, nil
+}
+
+// ReleaseStarts deletes p's records of the ranges that begin at firsts: they finished, or were
+// abandoned cleanly (rolled back, not died in).
+func (s *Store) ReleaseStarts(ctx context.Context, p Partition, firsts []int64) error {
+	if len(firsts) == 0 {
+		return nil
+	}
+	_, err := s.pool.Exec(ctx, `
+		DELETE FROM inbox_attempts
+		WHERE consumer_group = $1 AND topic = $2 AND "partition" = $3 AND first_offset = ANY($4)`,
+		p.Group, p.Topic, p.Partition, firsts)
+	if err != nil {
+		return Classify(fmt.Errorf("inbox: release starts: %w", err))
+	}
+	return nil
+}
+
+// Started returns p's recorded ranges that end at or after from, in offset order: ranges a run
+// started and did not finish, if from is where the partition's consumption starts again.
+func (s *Store) Started(ctx context.Context, p Partition, from int64) ([]StartedRange, error) {
+	rows, _ := s.pool.Query(ctx, `
+		SELECT first_offset, last_offset, first_fingerprint, starts FROM inbox_attempts
+		WHERE consumer_group = $1 AND topic = $2 AND "partition" = $3 AND last_offset >= $4
+		ORDER BY first_offset`,
+		p.Group, p.Topic, p.Partition, from)
+	ranges, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (StartedRange, error) {
+		var r StartedRange
+		var fingerprint []byte
+		err := row.Scan(&r.First, &r.Last, &fingerprint, &r.Starts)
+		copy(r.FirstFingerprint[:], fingerprint)
+		return r, err
+	})
+	if err != nil {
+		return nil, Classify(fmt.Errorf("inbox: read starts: %w", err))
+	}
+	return ranges, nil
+}
+
+// Ping checks that the database answers. An error is classified (see Classify): unavailable when
+// the database cannot be reached.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return Classify(fmt.Errorf("inbox: ping: %w", err))
+	}
+	return nil
+}
