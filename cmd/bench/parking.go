@@ -54,6 +54,16 @@ var (
 // ownStream are the modes that produce their own stream and create their own orders.
 var ownStream = map[string]bool{"overtake": true, "provider_outage": true, "postgres_outage": true}
 
+// The routes' concurrency, as the worker's defaults (PAYMENTS_CONCURRENCY, SMS_CONCURRENCY).
+const (
+	paymentsConcurrency = 4
+	smsConcurrency      = 128
+)
+
+func paymentsRoute(e *env, handler consumer.Handler) consumer.Route {
+	return consumer.Route{Topic: e.topic, Name: "payments", Handler: handler, Concurrency: paymentsConcurrency}
+}
+
 // benchWorker is a consumer of the mode's topic with one route, and its metrics.
 type benchWorker struct {
 	c       *consumer.Consumer
@@ -63,7 +73,7 @@ type benchWorker struct {
 }
 
 // startWorker runs a consumer of e.topic with handler until stop is called.
-func startWorker(ctx context.Context, e *env, pool *pgxpool.Pool, name string, handler any, retry consumer.Retry) (*benchWorker, error) {
+func startWorker(ctx context.Context, e *env, pool *pgxpool.Pool, route consumer.Route, retry consumer.Retry) (*benchWorker, error) {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	store, err := inbox.NewStore(pool, inbox.Config{Logger: log})
 	if err != nil {
@@ -73,11 +83,10 @@ func startWorker(ctx context.Context, e *env, pool *pgxpool.Pool, name string, h
 	w.c, err = consumer.New(consumer.Config{
 		Brokers:   []string{e.addr},
 		GroupID:   "bench-" + e.topic,
-		Routes:    []consumer.Route{{Topic: e.topic, Name: name, Handler: handler}},
+		Routes:    []consumer.Route{route},
 		Retry:     retry,
 		BatchSize: e.cfg.BatchSize,
 		BatchWait: e.cfg.BatchWait,
-		Pool:      pool,
 		Store:     store,
 		Metrics:   w.metrics,
 		Logger:    log,
@@ -201,7 +210,7 @@ func runOvertake(ctx context.Context, e *env) (result, error) {
 		return result{}, err
 	}
 	start := time.Now()
-	bw, err := startWorker(ctx, e, e.pool, "payments", handler, consumer.Retry{})
+	bw, err := startWorker(ctx, e, e.pool, paymentsRoute(e, handler), consumer.Retry{})
 	if err != nil {
 		return result{}, err
 	}
@@ -337,7 +346,8 @@ func runProviderOutage(ctx context.Context, e *env) (result, error) {
 		return result{}, err
 	}
 	retry := consumer.Retry{MaxElapsed: *outageRetryMaxElapsed}
-	bw, err := startWorker(ctx, e, e.pool, "sms", handler, retry)
+	bw, err := startWorker(ctx, e, e.pool, consumer.Route{Topic: e.topic, Name: "sms", Handler: handler,
+		Concurrency: smsConcurrency}, retry)
 	if err != nil {
 		return result{}, err
 	}
@@ -496,7 +506,7 @@ func runPostgresOutage(ctx context.Context, e *env) (result, error) {
 		return result{}, err
 	}
 	start := time.Now()
-	bw, err := startWorker(ctx, e, pool, "payments", handler, consumer.Retry{MaxElapsed: *outageRetryMaxElapsed})
+	bw, err := startWorker(ctx, e, pool, paymentsRoute(e, handler), consumer.Retry{MaxElapsed: *outageRetryMaxElapsed})
 	if err != nil {
 		return result{}, err
 	}

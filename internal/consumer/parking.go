@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -149,4 +150,172 @@ func routeChange(log *slog.Logger, m *Metrics, topic string) func(from, to Route
 			log.Info(fmt.Sprintf("the route is %s", to), "topic", topic, "why", why)
 		}
 	}
+}
+
+// startRetrier reads the keys the park holds for the partition, for a new owner, and starts the
+// partition's retrier of parked messages. It waits for the database as long as it is down, and
+// fails only when ctx is done or the consumer is stopping. stop stops the retrier and waits for it.
+func (p *partition) startRetrier(ctx context.Context) (stop func(), err error) {
+	err = p.retryDatabase(ctx, "read the keys parked from the partition", func(ctx context.Context) error {
+		p.parked, err = loadParkedKeys(ctx, p.c.config.Store, p.topic, p.id)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if n := p.parked.len(); n > 0 {
+		p.log.Info("taking over the partition's parked keys", "keys", n)
+	}
+	log := p.log.With("component", "retrier")
+	p.retrier = newRetrier(retrierConfig{
+		store:     p.c.config.Store,
+		route:     p.route,
+		partition: p.id,
+		owner:     fmt.Sprintf("%s %s/%d generation %d", p.gen.MemberID, p.topic, p.id, p.gen.ID),
+		lease:     p.c.config.ParkLease,
+		retry:     p.c.config.Retry,
+		circuit:   p.circuit,
+		keys:      p.parked,
+		slots:     p.limit,
+		apply:     parkedEffect(p.c.config.Store, p.route, p.c.config.AttemptTimeout, log),
+		classify:  p.classify,
+		deadLetter: func(ctx context.Context, m kafka.Message, reason fault.Reason, err error, attempts int) error {
+			return p.deadLetter(ctx, m, failure{reason: reason, err: err, attempts: attempts}, log.With("offset", m.Offset))
+		},
+		finished: func(outcome string) { p.c.metrics.count(p.topic, outcome) },
+		retried:  func() { p.c.metrics.retried(p.topic) },
+		poll:     retrierPoll,
+		log:      log,
+	})
+	var wg sync.WaitGroup
+	wg.Go(func() { p.retrier.run(ctx) })
+	return wg.Wait, nil
+}
+
+// retrierPoll is the longest a retrier waits before it looks at the park again: a message parked
+// by another owner of the partition (one that has just lost it) is found within it.
+const retrierPoll = time.Second
+
+// routePoll is how often a partition whose route is probing looks whether it is open again.
+const routePoll = 100 * time.Millisecond
+
+// parked reports whether e's ordering key has messages in the park, so that e is to be parked
+// behind them.
+func (p *partition) keyParked(e *entry) bool {
+	return p.parked != nil && e.keyErr == nil && p.parked.parked([]byte(e.order))
+}
+
+// parkBehind parks e behind the messages of its key in the park, if there still are any, and says
+// whether it did. It waits for the database as long as it is down; it fails only when ctx is done
+// or the consumer is stopping.
+func (p *partition) parkBehind(ctx context.Context, e *entry, log *slog.Logger) (bool, error) {
+	if !p.keyParked(e) {
+		return false, nil
+	}
+	var behind bool
+	err := p.retryDatabase(ctx, "park the message", func(ctx context.Context) (err error) {
+		behind, err = p.parked.parkBehind(ctx, toParked(p.route, p.id, e.msg, e.key, []byte(e.order)))
+		return err
+	})
+	if err != nil {
+		return false, err
+	}
+	if behind {
+		log.InfoContext(ctx, "parked the message behind its key")
+		p.retrier.wake()
+	}
+	return behind, nil
+}
+
+// tries is what happened to a message retried in place, for the park.
+type tries struct {
+	attempts    int
+	first, last error
+	firstAt     time.Time
+	reason      fault.Reason
+}
+
+func (t *tries) failed(err error, reason fault.Reason, attempts int) {
+	if t.first == nil {
+		t.first, t.firstAt = err, time.Now()
+	}
+	t.last, t.reason, t.attempts = err, reason, attempts
+}
+
+// park parks e, which failed in place as t says, due in retryIn with spent of its retry budget
+// spent. It waits for the database as long as it is down; it fails only when ctx is done or the
+// consumer is stopping.
+func (p *partition) park(ctx context.Context, e *entry, t tries, spent, retryIn time.Duration, why string, log *slog.Logger) error {
+	parked := toParked(p.route, p.id, e.msg, e.key, []byte(e.order))
+	parked.Attempts, parked.Reason, parked.FirstFailedAt, parked.BudgetSpent = t.attempts, t.reason, t.firstAt, spent
+	if t.first != nil {
+		parked.FirstError, parked.LastError = t.first.Error(), t.last.Error()
+	}
+	err := p.retryDatabase(ctx, "park the message", func(ctx context.Context) error {
+		return p.parked.park(ctx, parked, retryIn)
+	})
+	if err != nil {
+		return err
+	}
+	attrs := []any{"why", why, "attempts", t.attempts, "retry_in", retryIn, "budget_spent", spent}
+	if t.last != nil {
+		attrs = append(attrs, "error", t.last)
+	}
+	log.InfoContext(ctx, "parked the message", attrs...)
+	p.retrier.wake()
+	return nil
+}
+
+// routeGate says whether messages may start on the partition's route: any while it is open; while
+// it is paused, one, the probe, once a probe is due and nothing of the partition is in flight; else
+// none, with how long to wait before asking again.
+func (p *partition) routeGate() (probeOnly bool, wait time.Duration) {
+	state, probeAt := p.circuit.State()
+	switch state {
+	case RouteOpen:
+		return false, 0
+	case RoutePaused:
+		if d := time.Until(probeAt); d > 0 {
+			return false, d
+		}
+		if p.running == 0 {
+			return true, 0
+		}
+	}
+	return false, routePoll
+}
+
+// waitRoute waits while the partition's route is paused and no probe is due, or until ctx is done.
+func (p *partition) waitRoute(ctx context.Context) error {
+	state, probeAt := p.circuit.State()
+	wait := routePoll
+	if state == RoutePaused {
+		wait = max(time.Until(probeAt), time.Millisecond)
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-p.circuit.Changed():
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-p.stopping:
+		return errStopping
+	}
+}
+
+// circuitResult is what a run that ended in err, of kind and reason, tells the route's circuit. A
+// retryable error with a reason of its own (an order that does not exist yet) is the message's
+// wait, and a key leased by another worker's call is that call's, not the route's dependency
+// failing.
+func circuitResult(err error, kind fault.Kind, reason fault.Reason) result {
+	switch {
+	case err == nil, kind == fault.KindPermanent:
+		return resultAnswered
+	case kind == fault.KindRetryable && reason == fault.RetriesExhausted && !errors.Is(err, inbox.ErrLeaseHeld):
+		return resultFailed
+	}
+	return resultInconclusive // Postgres down, a key leased by another worker, a message's own wait
 }

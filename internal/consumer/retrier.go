@@ -109,6 +109,9 @@ type retrierConfig struct {
 	// circuit is the route's; nil when it has none.
 	circuit *circuit
 	keys    *parkedKeys
+	// slots, when set, are the route's: a retry takes one, as a message does, and waits out a pause
+	// of the route (a Retry-After).
+	slots *routeLimit
 	// apply runs the handler on p, which is claimed: its effect, inbox row and removal from the park
 	// in one transaction, or as the handler's phases require (see parkedEffect).
 	apply func(ctx context.Context, p inbox.Parked) (inbox.Outcome, error)
@@ -266,9 +269,16 @@ func (r *retrier) retryOne(ctx context.Context, p inbox.Parked) (outage bool) {
 		// The route paused since p was taken: p waits, nothing charged.
 		return r.release(ctx, p, 0, log)
 	}
+	if !r.takeSlot(ctx) {
+		r.record(permit, p, resultInconclusive)
+		return false
+	}
 	began := time.Now()
 	pausedBefore := r.paused()
 	outcome, err := r.apply(ctx, p)
+	if r.slots != nil {
+		r.slots.release()
+	}
 	attempts := p.Attempts + 1
 	switch {
 	case err == nil && outcome == inbox.KeyReused:
@@ -301,11 +311,10 @@ func (r *retrier) retryOne(ctx context.Context, p inbox.Parked) (outage bool) {
 		return true
 	}
 
-	res := resultFailed
-	if reason != fault.RetriesExhausted {
-		res = resultInconclusive // the message waits for data of its own (an order), not for the route
+	r.record(permit, p, circuitResult(err, kind, reason))
+	if retryAfter > 0 && r.slots != nil {
+		r.slots.pause(retryAfter)
 	}
-	r.record(permit, p, res)
 	delay := max(r.backoff(attempts), retryAfter)
 	// What the route's pause took, or a failure while it is paused (an outage, then), is not the
 	// message's to pay.
@@ -413,6 +422,32 @@ func (r *retrier) backoff(attempt int) time.Duration {
 	}
 	d = min(d, r.retry.MaxInterval)
 	return time.Duration(float64(d) * (0.5 + rand.Float64())) // [0.5d, 1.5d)
+}
+
+// takeSlot waits for a slot of the route, and for a pause of the route to end; it fails only when
+// ctx is done.
+func (r *retrier) takeSlot(ctx context.Context) bool {
+	if r.slots == nil {
+		return true
+	}
+	for {
+		if d := r.slots.pausedFor(); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return false
+			}
+			continue
+		}
+		select {
+		case r.slots.slots <- struct{}{}:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 func (r *retrier) allow() (permit, bool) {
