@@ -425,7 +425,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	background.Go(func() { c.cancelAfterShutdownTimeout(ctx, runDone, cancelHard) })
 	background.Go(func() { c.lag.run(ctx) })
 	background.Go(func() {
-		reportParked(ctx, c.metrics, c.config.Store, c.topics(), c.config.LagInterval, c.log)
+		reportParked(ctx, c.metrics, c.config.Store, c.topics(), parkStatsInterval, c.log)
 	})
 
 	c.log.InfoContext(ctx, "joining the consumer group", "topics", c.topics())

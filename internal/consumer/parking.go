@@ -185,6 +185,7 @@ func (p *partition) startRetrier(ctx context.Context) (stop func(), err error) {
 		finished: func(outcome string) { p.c.metrics.count(p.topic, outcome) },
 		retried:  func() { p.c.metrics.retried(p.topic) },
 		poll:     retrierPoll,
+		idle:     retrierIdlePoll,
 		log:      log,
 	})
 	var wg sync.WaitGroup
@@ -192,9 +193,16 @@ func (p *partition) startRetrier(ctx context.Context) (stop func(), err error) {
 	return wg.Wait, nil
 }
 
-// retrierPoll is the longest a retrier waits before it looks at the park again: a message parked
-// by another owner of the partition (one that has just lost it) is found within it.
-const retrierPoll = time.Second
+// retrierPoll is the longest a retrier waits before it looks at the park again while the park holds
+// messages of its partition, and retrierIdlePoll while it holds none: a message parked by an owner
+// that has just lost the partition is found within it.
+const (
+	retrierPoll     = time.Second
+	retrierIdlePoll = 30 * time.Second
+)
+
+// parkStatsInterval is how often the park's gauges are refreshed, with one query.
+const parkStatsInterval = 5 * time.Second
 
 // routePoll is how often a partition whose route is probing looks whether it is open again.
 const routePoll = 100 * time.Millisecond

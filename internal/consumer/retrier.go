@@ -123,9 +123,12 @@ type retrierConfig struct {
 	// be nil.
 	finished func(outcome string)
 	retried  func()
-	// poll is the longest wait between two looks at the park.
-	poll time.Duration
-	log  *slog.Logger
+	// poll is the longest wait between two looks at the park while it holds messages of the
+	// partition; idle, while it holds none (0: poll). A message parked by this partition wakes the
+	// retrier at once; idle bounds how long one parked by an owner that has just lost the partition
+	// waits to be found.
+	poll, idle time.Duration
+	log        *slog.Logger
 }
 
 // retrier retries the parked messages of one partition, for the generation that owns it: the due
@@ -154,6 +157,10 @@ func (r *retrier) wake() {
 // not wait for them to lapse.
 func (r *retrier) run(ctx context.Context) {
 	defer r.releaseAll(ctx)
+	if r.keys.len() == 0 {
+		// Nothing parked from the partition: nothing to look at until something is parked.
+		r.sleep(ctx, max(r.idle, r.poll))
+	}
 	var outage *backoff.ExponentialBackOff
 	for ctx.Err() == nil {
 		limit, wait := r.mayTake()
@@ -228,8 +235,11 @@ func (r *retrier) mayTake() (int, time.Duration) {
 // untilDue returns how long until the next parked message is due, at most poll.
 func (r *retrier) untilDue(ctx context.Context) (time.Duration, error) {
 	wait, ok, err := r.store.NextDue(ctx, r.route.Topic, int32(r.partition))
-	if err != nil || !ok {
+	switch {
+	case err != nil:
 		return r.poll, err
+	case !ok:
+		return max(r.idle, r.poll), nil
 	}
 	return min(max(wait, time.Millisecond), r.poll), nil
 }
