@@ -35,6 +35,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/payment"
@@ -81,15 +82,16 @@ func startWorker(ctx context.Context, e *env, pool *pgxpool.Pool, route consumer
 	}
 	w := &benchWorker{metrics: consumer.NewMetrics(prometheus.NewRegistry()), topic: e.topic}
 	w.c, err = consumer.New(consumer.Config{
-		Brokers:   []string{e.addr},
-		GroupID:   "bench-" + e.topic,
-		Routes:    []consumer.Route{route},
-		Retry:     retry,
-		BatchSize: e.cfg.BatchSize,
-		BatchWait: e.cfg.BatchWait,
-		Store:     store,
-		Metrics:   w.metrics,
-		Logger:    log,
+		Brokers:     []string{e.addr},
+		GroupID:     "bench-" + e.topic,
+		Routes:      []consumer.Route{route},
+		Retry:       retry,
+		BatchSize:   e.cfg.BatchSize,
+		BatchWait:   e.cfg.BatchWait,
+		Store:       store,
+		DeadLetters: deadletter.NewStore(pool),
+		Metrics:     w.metrics,
+		Logger:      log,
 	})
 	if err != nil {
 		return nil, err
