@@ -17,6 +17,12 @@
 // rebalance cancels the partition's in-flight work, whose transactions roll back, and commits
 // nothing into the next generation.
 //
+// A message whose retryable error outlasts Config.ParkAfter in place is parked (inbox.Store.Park),
+// with every later message of its key behind it, so that its partition goes on; a retrier per owned
+// partition retries the parked heads in key order (retrier.go). Each route has an outage circuit
+// (circuit.go) that pauses it while its failures look like an outage of its dependency: nothing of it
+// starts but a probe, and no message's retry budget is charged.
+//
 // consumer does not decide what an error means (package fault does), holds no SQL (package inbox
 // does), nor touches the business tables (handlers do, through the transaction they are given). It
 // does not produce anything but dead letters.

@@ -207,7 +207,7 @@ const parkStatsInterval = 5 * time.Second
 // routePoll is how often a partition whose route is probing looks whether it is open again.
 const routePoll = 100 * time.Millisecond
 
-// parked reports whether e's ordering key has messages in the park, so that e is to be parked
+// keyParked reports whether e's ordering key has messages in the park, so that e is to be parked
 // behind them.
 func (p *partition) keyParked(e *entry) bool {
 	return p.parked != nil && e.keyErr == nil && p.parked.parked([]byte(e.order))
