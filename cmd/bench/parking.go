@@ -36,6 +36,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
+	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/payment"
@@ -61,7 +62,7 @@ const (
 	smsConcurrency      = 128
 )
 
-func paymentsRoute(e *env, handler consumer.Handler) consumer.Route {
+func paymentsRoute(e *env, handler effect.Handler) consumer.Route {
 	return consumer.Route{Topic: e.topic, Name: "payments", Handler: handler, Concurrency: paymentsConcurrency}
 }
 

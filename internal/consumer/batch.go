@@ -81,7 +81,7 @@ func (p *partition) applyRun(ctx context.Context, msgs []*entry, runs []int) bat
 	began := time.Now()
 	tx := p.transact(ctx, msgs, runs)
 	if tx.err == nil {
-		return p.settleRun(ctx, msgs, tx.outcomes, began)
+		return p.settleRun(ctx, msgs, runs, tx.outcomes, began)
 	}
 	if ctx.Err() != nil {
 		return batchProgress{abandoned: true}
@@ -103,7 +103,7 @@ func (p *partition) applyRun(ctx context.Context, msgs []*entry, runs []int) bat
 		var got batchProgress
 		switch again := p.transact(ctx, msgs[:t], runs[:t]); {
 		case again.err == nil:
-			got = p.settleRun(ctx, msgs[:t], again.outcomes, began)
+			got = p.settleRun(ctx, msgs[:t], runs[:t], again.outcomes, began)
 		case ctx.Err() != nil:
 			got.abandoned = true
 		default:
@@ -178,16 +178,16 @@ func (p *partition) transact(ctx context.Context, msgs []*entry, runs []int) (tx
 }
 
 // settleRun settles the messages of a committed batch, in order: it dead-letters those whose key
-// was reused and records the metrics. A dead letter it could not write before the work was
+// was reused (their handler ran only in batches that failed, as runs counts) and records the metrics. A dead letter it could not write before the work was
 // cancelled or the consumer began to stop abandons the rest: they were applied, and are found
 // duplicates when delivered again.
-func (p *partition) settleRun(ctx context.Context, msgs []*entry, outcomes []inbox.Outcome, began time.Time) batchProgress {
+func (p *partition) settleRun(ctx context.Context, msgs []*entry, runs []int, outcomes []inbox.Outcome, began time.Time) batchProgress {
 	counts := make(map[inbox.Outcome]int, 3)
 	for i, e := range msgs {
 		outcome := string(outcomes[i])
 		if outcomes[i] == inbox.KeyReused {
 			log := p.log.With("offset", e.msg.Offset, "key", e.key)
-			if p.deadLetter(ctx, e.msg, *keyReused(e.key, 1), log) != nil {
+			if p.deadLetter(ctx, e.msg, *keyReused(e.key, runs[i]), log) != nil {
 				return batchProgress{finished: i, abandoned: true}
 			}
 			outcome = outcomeDeadLettered

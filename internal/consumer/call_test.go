@@ -16,6 +16,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
+	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
@@ -43,7 +44,7 @@ func (h *caller) Check(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
 	return nil
 }
 
-func (h *caller) Call(ctx context.Context, d inbox.Delivery) (consumer.Completion, error) {
+func (h *caller) Call(ctx context.Context, d inbox.Delivery) (effect.Completion, error) {
 	h.mu.Lock()
 	h.calls[d.Key]++
 	h.inFlight[d.Key]++
@@ -74,7 +75,7 @@ func (h *caller) callsOf(key string) int {
 }
 
 // callConfig is the test configuration with h as the route's handler.
-func (e *env) callConfig(h consumer.CallHandler) consumer.Config {
+func (e *env) callConfig(h effect.CallHandler) consumer.Config {
 	config := e.config(&recorder{})
 	config.Routes[0].Handler = h
 	return config

@@ -39,37 +39,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
-
-// Handler applies one message's effect inside the inbox transaction tx. It classifies its errors
-// with package fault; an unclassified error is permanent.
-type Handler interface {
-	Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error
-}
-
-// BatchHandler is a Handler that can also apply several messages of one partition in one
-// transaction (see Config.Transactions), with set-based statements where it can.
-//
-// HandleBatch applies ds, in offset order, through tx, and returns one result per delivery, with
-// Handle's meaning: nil (applied), inbox.ErrAlreadyApplied (a duplicate) or a classified error. Each
-// result must be what Handle would have returned, the deliveries applied one after another. It may
-// stop at its first error and leave the later results nil: any error rolls back the whole batch. The
-// consumer then applies the deliveries before the failed one again, as a batch, takes the failed one
-// through Handle with the per-message retries and dead-lettering, and goes on with the rest.
-//
-// So HandleBatch may run more than once for a message whose effect commits once: it must do
-// database work only, all of it through tx, and call no other service. A handler whose effect is a
-// call to another service (an SMS gateway) implements Handler only.
-type BatchHandler interface {
-	Handler
-	HandleBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery) []error
-}
 
 // Transactions says how many messages share a transaction.
 type Transactions int
@@ -134,8 +109,8 @@ type Route struct {
 	Topic string
 	// Name is the handler's name in the inbox ("payments", "sms"): keys are unique per name. Required.
 	Name string
-	// Handler applies the topic's messages: a Handler (a BatchHandler among them) or a CallHandler.
-	// Required.
+	// Handler applies the topic's messages: an effect.Handler (an effect.BatchHandler among them)
+	// or an effect.CallHandler. Required.
 	Handler any
 	// Concurrency is the most messages of the route, across all its partitions, whose handlers run
 	// at once, each in its transaction; a message waiting to be retried keeps its place. A batch
@@ -340,7 +315,7 @@ func (config *Config) validate() error {
 		case r.Handler == nil:
 			return fmt.Errorf("Config.Routes[%d].Handler is required", i)
 		case !isHandler(r.Handler):
-			return fmt.Errorf("Config.Routes[%d].Handler is a %T, neither a Handler nor a CallHandler", i, r.Handler)
+			return fmt.Errorf("Config.Routes[%d].Handler is a %T, neither an effect.Handler nor an effect.CallHandler", i, r.Handler)
 		case topics[r.Topic]:
 			return fmt.Errorf("Config.Routes[%d].Topic %q is routed twice", i, r.Topic)
 		case r.Concurrency < 1:

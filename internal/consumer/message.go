@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
@@ -161,7 +162,8 @@ func (p *partition) retry(ctx context.Context, e *entry, prior tried, log *slog.
 		switch {
 		case err == nil && outcome == inbox.KeyReused:
 			p.record(run, ran, e, resultAnswered)
-			return verdict{failed: keyReused(e.key, attempt)}, nil
+			// The claim found the key reused: this attempt ran no handler.
+			return verdict{failed: keyReused(e.key, attempt-1)}, nil
 		case err == nil:
 			p.record(run, ran, e, resultAnswered)
 			return verdict{outcome: outcome}, nil
@@ -256,10 +258,10 @@ func (p *partition) attempt(ctx context.Context, msg inbox.Message, value []byte
 	ctx, cancel := context.WithTimeout(ctx, p.c.config.AttemptTimeout)
 	defer cancel()
 	d := inbox.Delivery{Key: msg.Key, Value: value, Attempt: attempt}
-	if h, ok := p.route.Handler.(CallHandler); ok {
+	if h, ok := p.route.Handler.(effect.CallHandler); ok {
 		return p.call(ctx, h, msg, d, log)
 	}
-	h := p.route.Handler.(Handler) // Config.validate admits nothing else
+	h := p.route.Handler.(effect.Handler) // Config.validate admits nothing else
 	return p.c.config.Store.Process(ctx, msg, func(ctx context.Context, tx pgx.Tx) (err error) {
 		defer func() {
 			if r := recover(); r != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/fault"
 )
 
@@ -53,7 +54,7 @@ type partition struct {
 	retrier *retrier
 
 	// batcher is the route's handler when batches are applied in one transaction, else nil.
-	batcher BatchHandler
+	batcher effect.BatchHandler
 
 	reader   *kafka.Reader
 	stopping <-chan struct{} // closed when Run's context is cancelled
@@ -104,8 +105,8 @@ type settled struct {
 }
 
 func (c *Consumer) newPartition(route Route, a kafka.PartitionAssignment, gen *kafka.Generation) *partition {
-	var batcher BatchHandler
-	if h, ok := route.Handler.(BatchHandler); ok && c.config.Transactions == PerBatch {
+	var batcher effect.BatchHandler
+	if h, ok := route.Handler.(effect.BatchHandler); ok && c.config.Transactions == PerBatch {
 		batcher = h
 	}
 	p := &partition{

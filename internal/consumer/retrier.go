@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
@@ -293,8 +294,9 @@ func (r *retrier) retryOne(ctx context.Context, p inbox.Parked) (outage bool) {
 	switch {
 	case err == nil && outcome == inbox.KeyReused:
 		r.record(permit, p, resultAnswered)
-		f := keyReused(p.IdempotencyKey, attempts)
-		return r.deadLetterAndRemove(ctx, p, f.reason, f.err, attempts, log)
+		// The claim found the key reused: this attempt ran no handler.
+		f := keyReused(p.IdempotencyKey, p.Attempts)
+		return r.deadLetterAndRemove(ctx, p, f.reason, f.err, f.attempts, log)
 	case err == nil:
 		r.record(permit, p, resultAnswered)
 		r.leave(ctx, p, string(outcome), attempts, log)
@@ -493,16 +495,16 @@ func parkedEffect(store *inbox.Store, route Route, attemptTimeout time.Duration,
 		defer cancel()
 		log := log.With("topic", p.Topic, "offset", p.Offset, "key", p.IdempotencyKey)
 		d := inbox.Delivery{Key: p.IdempotencyKey, Value: p.Value, Attempt: p.Attempts + 1}
-		h, ok := route.Handler.(CallHandler)
+		h, ok := route.Handler.(effect.CallHandler)
 		if !ok {
-			h := route.Handler.(Handler) // Config.validate admits nothing else
+			h := route.Handler.(effect.Handler) // Config.validate admits nothing else
 			return store.ProcessParked(ctx, p, func(ctx context.Context, tx pgx.Tx) (err error) {
 				defer recoverHandler(ctx, log, &err)
 				return h.Handle(ctx, tx, d)
 			})
 		}
 		outcome, err := store.ProcessCall(ctx, parkedMessage(p), inbox.Call{
-			Lease: CallLease,
+			Lease: effect.CallLease,
 			Check: func(ctx context.Context, tx pgx.Tx) (err error) {
 				defer recoverHandler(ctx, log, &err)
 				return h.Check(ctx, tx, d)

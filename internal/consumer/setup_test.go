@@ -19,6 +19,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
+	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
@@ -155,7 +156,7 @@ func (h *recorder) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) erro
 }
 
 // config returns a consumer configuration with the fast timings of the tests.
-func (e *env) config(h consumer.Handler) consumer.Config {
+func (e *env) config(h effect.Handler) consumer.Config {
 	store, err := inbox.NewStore(e.db.Pool, inbox.Config{Logger: e.log})
 	if err != nil {
 		e.t.Fatal(err)

@@ -93,6 +93,11 @@ func Retryable(err error) error {
 	return &Error{Kind: KindRetryable, Err: err}
 }
 
+// RetryableAfter is Retryable, tried again no sooner than after: a service's Retry-After.
+func RetryableAfter(err error, after time.Duration) error {
+	return &Error{Kind: KindRetryable, RetryAfter: after, Err: err}
+}
+
 // RetryableUntil is Retryable with the reason to dead-letter with once retries run out.
 func RetryableUntil(reason Reason, err error) error {
 	return &Error{Kind: KindRetryable, Reason: reason, Err: err}

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/notify"
@@ -65,12 +65,12 @@ func (e *env) newHandler(t *testing.T, sender notify.Sender) *notify.Handler {
 }
 
 // The consumer runs a Handler as a CallHandler: the send outside any transaction.
-var _ consumer.CallHandler = (*notify.Handler)(nil)
+var _ effect.CallHandler = (*notify.Handler)(nil)
 
 // callOf is d through h in the three steps of a call, as the consumer runs it.
 func callOf(h *notify.Handler, d inbox.Delivery) inbox.Call {
 	return inbox.Call{
-		Lease: consumer.CallLease,
+		Lease: effect.CallLease,
 		Check: func(ctx context.Context, tx pgx.Tx) error { return h.Check(ctx, tx, d) },
 		Run: func(ctx context.Context, attempt int) (inbox.Effect, error) {
 			d.Attempt = attempt

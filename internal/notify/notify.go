@@ -1,6 +1,6 @@
 // Package notify sends the SMS of the notifications.sms topic, once per idempotency key.
 //
-// Handler is a call handler (see consumer.CallHandler): the send is a network call, made with no
+// Handler is a call handler (see effect.CallHandler): the send is a network call, made with no
 // transaction open and no database connection held. The consumer claims the message's key first (a
 // lease, in a short transaction of its own, in which Check decodes the event and looks for the key in
 // notifications); Call then sends it through a Sender with the message's idempotency key; the
@@ -24,7 +24,7 @@
 // Postgres and the provider cannot commit together. If the provider accepts a message and the process
 // dies (or loses Postgres) before the completion commits, nothing is recorded, the Kafka offset is not
 // committed, and the message is processed again once the dead process's lease has expired
-// (consumer.CallLease): a second provider call. That call carries the same Idempotency-Key (and the
+// (effect.CallLease): a second provider call. That call carries the same Idempotency-Key (and the
 // same reference in the body) as the first, because the key is the message's own idempotency key,
 // not something generated per attempt. A provider that honours Idempotency-Key answers it with the
 // first message's id and does not deliver again, so the person receives one SMS and the
@@ -42,7 +42,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/effect"
 )
 
 // SMS is one message to send.
@@ -77,7 +77,7 @@ type Sender interface {
 	// Send delivers sms and returns the provider's id for the message, "" when the provider accepted it
 	// without one. sms.Key goes to the provider as its idempotency key: two sends with one key are one
 	// message to a provider that honours it. Errors are classified with package fault: retryable when
-	// a later try may succeed, permanent with reason fault.ProviderRejected when it cannot. Neither the
+	// a later try may succeed, permanent with reason effect.ProviderRejected when it cannot. Neither the
 	// error nor any log line holds the full number or a credential.
 	Send(ctx context.Context, sms SMS) (providerMessageID string, err error)
 }
@@ -108,11 +108,11 @@ const insertNotificationSQL = `
 INSERT INTO notifications (idempotency_key, recipient, template, status, provider_message_id, attempts, sent_at)
 VALUES ($1, $2, $3, 'SENT', $4, $5, clock_timestamp())`
 
-// Check is the first step of an SMS event (see consumer.CallHandler), run in the claim transaction
-// of d.Key: an invalid event is a permanent fault.InvalidPayload error, and a key already in
-// notifications (its inbox row has expired; the SMS was sent) is inbox.ErrAlreadyApplied, so it is
+// Check is the first step of an SMS event (see effect.CallHandler), run in the claim transaction
+// of d.Key: an invalid event is a permanent effect.InvalidPayload error, and a key already in
+// notifications (its inbox row has expired; the SMS was sent) is effect.ErrAlreadyApplied, so it is
 // not sent again.
-func (h *Handler) Check(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
+func (h *Handler) Check(ctx context.Context, tx pgx.Tx, d effect.Delivery) error {
 	sms, err := Decode(d.Value)
 	if err != nil {
 		return err
@@ -122,11 +122,11 @@ func (h *Handler) Check(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error 
 	err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM notifications WHERE idempotency_key = $1)`,
 		d.Key).Scan(&sent)
 	if err != nil {
-		return inbox.Classify(fmt.Errorf("notify: read notifications: %w", err))
+		return fmt.Errorf("notify: read notifications: %w", err)
 	}
 	if sent {
 		h.logger.InfoContext(ctx, "sms already sent under this key; not sending again", slog.Any("sms", sms))
-		return inbox.ErrAlreadyApplied
+		return effect.ErrAlreadyApplied
 	}
 	return nil
 }
@@ -134,7 +134,7 @@ func (h *Handler) Check(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error 
 // Call sends the SMS of d, with no transaction open, and returns the completion that records it as
 // SENT with the provider's message id, in the transaction that writes d.Key's inbox row. A failed
 // send returns the sender's classified error and records nothing.
-func (h *Handler) Call(ctx context.Context, d inbox.Delivery) (inbox.Effect, error) {
+func (h *Handler) Call(ctx context.Context, d effect.Delivery) (effect.Completion, error) {
 	sms, err := Decode(d.Value)
 	if err != nil {
 		return nil, err
@@ -157,7 +157,7 @@ func (h *Handler) Call(ctx context.Context, d inbox.Delivery) (inbox.Effect, err
 	return func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, insertNotificationSQL, sms.Key, sms.To, sms.Template, storedID, max(d.Attempt, 1))
 		if err != nil {
-			return inbox.Classify(fmt.Errorf("notify: record notification: %w", err))
+			return fmt.Errorf("notify: record notification: %w", err)
 		}
 		return nil
 	}, nil

@@ -10,7 +10,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/effect"
 )
 
 // Result is what the provider says happened to a payment.
@@ -55,7 +55,7 @@ func (e *FieldError) Error() string {
 }
 
 func invalid(field, format string, args ...any) error {
-	return fault.Permanent(fault.InvalidPayload, &FieldError{Field: field, Problem: fmt.Sprintf(format, args...)})
+	return effect.Permanent(effect.InvalidPayload, &FieldError{Field: field, Problem: fmt.Sprintf(format, args...)})
 }
 
 var (

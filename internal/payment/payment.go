@@ -6,7 +6,7 @@
 // (never read-then-write); a callback that cannot pay the order is recorded for a person as a
 // payment_anomalies row (amount_mismatch, duplicate_payment, paid_after_cancel) and the order is left
 // as it is. A provider transaction already applied, under whatever idempotency key, is reported as
-// inbox.ErrAlreadyApplied, with nothing written.
+// effect.ErrAlreadyApplied, with nothing written.
 //
 // The rules, where the contract's table is silent:
 //   - A provider transaction belongs to one order and carries one amount and currency: the first
@@ -35,11 +35,11 @@
 // other callback as Handle does, in order.
 //
 // What a callback did (an anomaly at warn level; a payment, at debug) is logged once its transaction
-// commits (see inbox.AfterCommit), never for work rolled back; called outside a transaction of
+// commits (see effect.AfterCommit), never for work rolled back; called outside a transaction of
 // package inbox, the handler logs nothing.
 //
 // payment does not retry, dead-letter, count or know Kafka: it returns nil (applied),
-// inbox.ErrAlreadyApplied (duplicate) or an error classified with package fault, and its caller does
+// effect.ErrAlreadyApplied (duplicate) or an error classified with package fault, and its caller does
 // the rest. It does not create, cancel or refund orders; it does not check currencies against the
 // ISO 4217 list, only their shape.
 package payment
@@ -57,8 +57,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/inboxworker/inboxworker/internal/fault"
-	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/effect"
 )
 
 // Config configures a Handler.
@@ -93,10 +92,10 @@ const (
 
 // Handle applies the callback in d.Value through tx, the inbox transaction of d.Key. It returns nil
 // when the callback was applied (the order paid, a FAILED payment recorded or an anomaly recorded),
-// inbox.ErrAlreadyApplied when its provider transaction had already been applied, having written
+// effect.ErrAlreadyApplied when its provider transaction had already been applied, having written
 // nothing, or a classified error: invalid_payload (permanent), unknown_order (retryable), or a
-// Postgres error classified by inbox.Classify.
-func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
+// Postgres error, which the inbox classifies.
+func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d effect.Delivery) error {
 	cb, err := Decode(d.Value)
 	if err != nil {
 		return err
@@ -105,25 +104,25 @@ func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error
 }
 
 // apply applies the decoded callback cb, whose idempotency key is key, through tx, and logs what it
-// did once the transaction commits (see inbox.AfterCommit): never a line for work rolled back.
+// did once the transaction commits (see effect.AfterCommit): never a line for work rolled back.
 func (h *Handler) apply(ctx context.Context, tx pgx.Tx, key string, cb Callback) error {
 	a := &application{tx: tx, cb: cb, key: key}
-	var effect string
+	var done string
 	var err error
 	if cb.Result == Success {
-		effect, err = a.success(ctx)
+		done, err = a.success(ctx)
 	} else {
-		effect, err = a.failed(ctx)
+		done, err = a.failed(ctx)
 	}
 	switch {
-	case errors.Is(err, inbox.ErrAlreadyApplied):
+	case errors.Is(err, effect.ErrAlreadyApplied):
 		h.logAfterCommit(ctx, slog.LevelDebug, "payment callback already applied", key, cb)
 	case err != nil:
 		return err
-	case effect == AmountMismatch || effect == DuplicatePayment || effect == PaidAfterCancel:
-		h.logAfterCommit(ctx, slog.LevelWarn, "payment anomaly recorded", key, cb, slog.String("anomaly", effect))
+	case done == AmountMismatch || done == DuplicatePayment || done == PaidAfterCancel:
+		h.logAfterCommit(ctx, slog.LevelWarn, "payment anomaly recorded", key, cb, slog.String("anomaly", done))
 	default:
-		h.logAfterCommit(ctx, slog.LevelDebug, "payment callback applied", key, cb, slog.String("effect", effect))
+		h.logAfterCommit(ctx, slog.LevelDebug, "payment callback applied", key, cb, slog.String("effect", done))
 	}
 	return err
 }
@@ -139,7 +138,7 @@ func (h *Handler) logAfterCommit(ctx context.Context, level slog.Level, msg, key
 		slog.String("provider_txn_id", cb.ProviderTxnID), slog.String("result", string(cb.Result)),
 		slog.String("idempotency_key", key),
 	}, extra...)
-	inbox.AfterCommit(ctx, func(ctx context.Context) { h.logger.LogAttrs(ctx, level, msg, attrs...) })
+	effect.AfterCommit(ctx, func(ctx context.Context) { h.logger.LogAttrs(ctx, level, msg, attrs...) })
 }
 
 // application is one callback being applied in one transaction.
@@ -218,7 +217,7 @@ func (a *application) success(ctx context.Context) (string, error) {
 	case statusPaid:
 		same, err := a.paidBySameTransaction(ctx, order)
 		if err != nil || same {
-			return "", cmp.Or(err, inbox.ErrAlreadyApplied)
+			return "", cmp.Or(err, effect.ErrAlreadyApplied)
 		}
 		return a.anomaly(ctx, DuplicatePayment, order)
 	case statusCancelled:
@@ -326,7 +325,7 @@ func (a *application) failed(ctx context.Context) (string, error) {
 	}
 	if order.status == statusPaid {
 		if same, err := a.paidBySameTransaction(ctx, order); err != nil || same {
-			return "", cmp.Or(err, inbox.ErrAlreadyApplied)
+			return "", cmp.Or(err, effect.ErrAlreadyApplied)
 		}
 	}
 	cb := a.cb
@@ -339,7 +338,7 @@ func (a *application) failed(ctx context.Context) (string, error) {
 		return "", classify(fmt.Errorf("payment: record failed payment: %w", err))
 	}
 	if tag.RowsAffected() == 0 {
-		return "", inbox.ErrAlreadyApplied
+		return "", effect.ErrAlreadyApplied
 	}
 	return effectFailedRecorded, nil
 }
@@ -362,7 +361,7 @@ func (a *application) lockOrder(ctx context.Context, lock string) (order, error)
 		FROM orders WHERE order_no = $1 `+lock,
 		a.cb.OrderNo, a.cb.Amount, a.cb.Currency).Scan(&o.status, &o.txnID, &o.amount, &o.currency, &o.matches)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return o, fault.RetryableUntil(fault.UnknownOrder,
+		return o, effect.RetryableUntil(effect.UnknownOrder,
 			fmt.Errorf("payment: order %s not found", quote(a.cb.OrderNo)))
 	}
 	if err != nil {
@@ -453,7 +452,7 @@ func (a *application) anomaly(ctx context.Context, kind string, o order) (string
 		return "", classify(fmt.Errorf("payment: record anomaly %s: %w", kind, err))
 	}
 	if tag.RowsAffected() == 0 {
-		return "", inbox.ErrAlreadyApplied
+		return "", effect.ErrAlreadyApplied
 	}
 	return kind, nil
 }
@@ -461,14 +460,15 @@ func (a *application) anomaly(ctx context.Context, kind string, o order) (string
 // sqlstateUniqueViolation is the SQLSTATE of a unique violation.
 const sqlstateUniqueViolation = "23505"
 
-// classify is inbox.Classify, but for a unique violation, which is retryable. Every statement here
-// that can meet one of the constraints binding a provider transaction says ON CONFLICT, so only a
-// row written outside these rules (an operator's hand, a database restored from before them) can
+// classify makes a unique violation retryable; the inbox classifies every other Postgres error (a
+// deadlock is retried, an outage waited out). Every statement here that can meet one of the
+// constraints binding a provider transaction says ON CONFLICT, so only a row written outside these
+// rules (an operator's hand, a database restored from before them) can
 // raise one; retried, the callback sees that row and gets its outcome, never a handler_error.
 func classify(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == sqlstateUniqueViolation {
-		return fault.Retryable(err)
+		return effect.Retryable(err)
 	}
-	return inbox.Classify(err)
+	return err
 }
