@@ -68,7 +68,7 @@ var (
 	databaseSettings = []string{"DATABASE_URL", "STARTUP_TIMEOUT"}
 	workerSettings   = []string{"TOPIC_PAYMENTS", "TOPIC_SMS", "DLQ_SUFFIX",
 		"SMS_PROVIDER_URL", "SMS_PROVIDER_TOKEN",
-		"RETRY_INITIAL_INTERVAL", "RETRY_MAX_INTERVAL", "RETRY_MAX_ELAPSED",
+		"RETRY_INITIAL_INTERVAL", "RETRY_MAX_INTERVAL", "RETRY_MAX_ELAPSED", "RETRY_PARK_AFTER",
 		"INBOX_RETENTION_PAYMENTS", "INBOX_RETENTION_SMS", "BATCH_SIZE", "BATCH_WAIT",
 		"ORDERING", "MAX_IN_FLIGHT", "PAYMENTS_CONCURRENCY", "SMS_CONCURRENCY", "SHUTDOWN_TIMEOUT"}
 	logSettings = []string{"LOG_LEVEL", "LOG_FORMAT"}
@@ -154,6 +154,7 @@ var commands = []*command{
 			"KAFKA_TLS", "DLQ_SUFFIX"}, databaseSettings, logSettings, []string{"reason", "dry-run", "limit"}),
 		run: replayCommand,
 	},
+	parkedCommand,
 }
 
 // commandNames lists the commands, for errors.

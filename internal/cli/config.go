@@ -41,6 +41,7 @@ type Config struct {
 	RetryInitialInterval time.Duration
 	RetryMaxInterval     time.Duration
 	RetryMaxElapsed      time.Duration
+	RetryParkAfter       time.Duration
 
 	// InboxRetentionPayments and InboxRetentionSMS are how long idempotency keys are remembered.
 	// Zero (the default) means "as long as the topic can redeliver": settled at start from the
@@ -161,6 +162,9 @@ var settings = []*setting{
 	{env: "RETRY_MAX_ELAPSED", flag: "retry-max-elapsed", def: "5m", meta: "DURATION",
 		usage: "retry budget of one message, after which it is dead-lettered",
 		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.RetryMaxElapsed, v) }},
+	{env: "RETRY_PARK_AFTER", flag: "retry-park-after", def: "5s", meta: "DURATION",
+		usage: "how long a message is retried in place before it is parked, out of its partition's way (ORDERING=key)",
+		set:   func(c *Config, v string) error { return parsePositiveDuration(&c.RetryParkAfter, v) }},
 	{env: "INBOX_RETENTION_PAYMENTS", flag: "inbox-retention-payments", meta: "DURATION",
 		usage: "how long a payment callback's idempotency key is remembered " +
 			"(unset: the topic's retention.ms + segment.ms + 1h, read at start)",
@@ -413,6 +417,7 @@ func (c *Config) masked(ss []*setting) []slog.Attr {
 		"RETRY_INITIAL_INTERVAL":   c.RetryInitialInterval.String(),
 		"RETRY_MAX_INTERVAL":       c.RetryMaxInterval.String(),
 		"RETRY_MAX_ELAPSED":        c.RetryMaxElapsed.String(),
+		"RETRY_PARK_AFTER":         c.RetryParkAfter.String(),
 		"INBOX_RETENTION_PAYMENTS": retentionText(c.InboxRetentionPayments),
 		"INBOX_RETENTION_SMS":      retentionText(c.InboxRetentionSMS),
 		"BATCH_SIZE":               strconv.Itoa(c.BatchSize),

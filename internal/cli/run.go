@@ -154,6 +154,7 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 			MaxElapsed:      cfg.RetryMaxElapsed,
 		},
 		Ordering:        ordering(cfg.Ordering),
+		ParkAfter:       cfg.RetryParkAfter,
 		MaxInFlight:     cfg.MaxInFlight,
 		BatchSize:       cfg.BatchSize,
 		BatchWait:       cfg.BatchWait,
