@@ -84,7 +84,11 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	for i, m := range cfg.Modes {
 		topics[i] = "bench." + m
 	}
-	addr, stopBroker, err := startBroker(int32(cfg.Partitions), topics)
+	deadLetterTopics := make([]string, len(topics))
+	for i, t := range topics {
+		deadLetterTopics[i] = t + ".dlq"
+	}
+	addr, stopBroker, err := startBroker(int32(cfg.Partitions), slices.Concat(topics, deadLetterTopics))
 	if err != nil {
 		return fmt.Errorf("start broker: %w", err)
 	}
@@ -140,11 +144,13 @@ func runMode(ctx context.Context, e *env, name string) (result, error) {
 	if _, err := migrations.Up(ctx, e.pool, nil); err != nil {
 		return result{}, err
 	}
-	if name == "sms" {
+	switch {
+	case ownStream[name]: // the mode produces its own
+	case name == "sms":
 		if err := produceSMS(ctx, e.cfg, e.addr, e.topic); err != nil {
 			return result{}, err
 		}
-	} else {
+	default:
 		if err := e.stream.createOrders(ctx, e.pool); err != nil {
 			return result{}, fmt.Errorf("create orders: %w", err)
 		}

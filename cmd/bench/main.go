@@ -8,6 +8,9 @@
 //	sms      the worker with the SMS handler, sending to a provider that answers after a set latency
 //	         (-provider-latency), one event to each of -phones phones (not run by default)
 //
+// and, each with a stream of its own (see parking.go), what a stuck message or a dependency's outage
+// costs: overtake, provider_outage and postgres_outage.
+//
 // Each mode gets the same stream (N callbacks, a share of them redeliveries), produced before the
 // clock starts, a fresh topic and a fresh database schema; the clock runs from the start of the
 // consumer to its last offset commit.

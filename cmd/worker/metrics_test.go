@@ -49,6 +49,19 @@ func TestMetricsLive(t *testing.T) {
 	if n := len(families["inboxworker_handle_seconds"].GetMetric()); n != 2 {
 		t.Errorf("inboxworker_handle_seconds has %d series, want one per topic from the start", n)
 	}
+	// The park's and the routes' pause series, one per topic, at 0.
+	for _, name := range []string{"inboxworker_parked_messages", "inboxworker_parked_oldest_seconds",
+		"inboxworker_route_paused", "inboxworker_route_pauses_total"} {
+		series := families[name].GetMetric()
+		if len(series) != 2 {
+			t.Errorf("%s has %d series, want one per topic from the start", name, len(series))
+		}
+		for _, m := range series {
+			if v := m.GetGauge().GetValue() + m.GetCounter().GetValue(); v != 0 {
+				t.Errorf("%s%v = %v, want 0", name, m.GetLabel(), v)
+			}
+		}
+	}
 
 	names := deployedMetricNames(t)
 	t.Logf("metrics named by the alert rules and the dashboard: %v", names)

@@ -2,8 +2,8 @@
 // builds the parts (Postgres pool, inbox, handlers, Kafka consumer, HTTP endpoints) and runs them.
 //
 // Commands: run (consume until SIGTERM/SIGINT), migrate (apply or list migrations), dev (an embedded
-// broker plus the worker), demo (dev plus a generated stream and a summary) and replay (put dead
-// letters back on their original topic); each is declared in a file of its own. Every setting is
+// broker plus the worker), demo (dev plus a generated stream and a summary), replay (put dead
+// letters back on their original topic) and parked (the park, seen and handled by hand); each is declared in a file of its own. Every setting is
 // one entry of the table in config.go. Each route (topic, inbox name, retention, handler) is wired
 // once, in run.go. Configuration errors and unreachable dependencies end the process with exit
 // code 1 and one line naming the setting; secrets never reach the output.
@@ -73,7 +73,7 @@ type command struct {
 // commands returns the worker's commands, in the order --help lists them. Each call returns new
 // ones: a command's own flags are bound to values of that call.
 func commands() []*command {
-	return []*command{runCommand(), migrateCommand(), devCommand(), demoCommand(), replayCommand()}
+	return []*command{runCommand(), migrateCommand(), devCommand(), demoCommand(), replayCommand(), parkedCommand()}
 }
 
 // commandNames lists the commands, for errors.

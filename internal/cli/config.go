@@ -33,6 +33,7 @@ type Config struct {
 	RetryInitialInterval time.Duration
 	RetryMaxInterval     time.Duration
 	RetryMaxElapsed      time.Duration
+	RetryParkAfter       time.Duration
 
 	// InboxRetentionPayments and InboxRetentionSMS are how long idempotency keys are remembered.
 	// Zero (the default) means "as long as the topic can redeliver": settled at start from the
@@ -112,7 +113,7 @@ var settings = []*setting{
 	{Env: "TOPIC_SMS", Flag: "topic-sms", Default: "notifications.sms", Meta: "TOPIC", Use: useTopics,
 		Usage: "SMS event topic",
 		Set:   func(c *Config, v string) error { return parseTopic(&c.TopicSMS, v) }},
-	{Env: "DLQ_SUFFIX", Flag: "dlq-suffix", Default: ".dlq", Meta: "SUFFIX", Use: useTopics | useReplay,
+	{Env: "DLQ_SUFFIX", Flag: "dlq-suffix", Default: ".dlq", Meta: "SUFFIX", Use: useTopics | useReplay | useParked,
 		Usage: "dead-letter topic = source topic + suffix",
 		Set:   func(c *Config, v string) error { return parseTopic(&c.DLQSuffix, v) }},
 	{Env: "SMS_PROVIDER_URL", Flag: "sms-provider-url", Meta: "URL", Shown: url, Use: useTopics,
@@ -130,6 +131,9 @@ var settings = []*setting{
 	{Env: "RETRY_MAX_ELAPSED", Flag: "retry-max-elapsed", Default: "5m", Meta: "DURATION", Use: useWorker,
 		Usage: "retry budget of one message, after which it is dead-lettered",
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryMaxElapsed, v) }},
+	{Env: "RETRY_PARK_AFTER", Flag: "retry-park-after", Default: "5s", Meta: "DURATION", Use: useWorker,
+		Usage: "how long a message is retried in place before it is parked, out of its partition's way (ORDERING=key)",
+		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryParkAfter, v) }},
 	{Env: "INBOX_RETENTION_PAYMENTS", Flag: "inbox-retention-payments", Meta: "DURATION", Use: useWorker,
 		Shown: settledFromTopic,
 		Usage: "how long a payment callback's idempotency key is remembered " +

@@ -103,9 +103,9 @@ func TestConfigErrors(t *testing.T) {
 		{"ExtraArgument", nil, []string{"run", "now"},
 			`worker: unexpected argument "now" (see worker run --help)`},
 		{"NoCommand", nil, nil,
-			`worker: no command given (run, migrate, dev, demo, replay); see worker --help`},
+			`worker: no command given (run, migrate, dev, demo, replay, parked); see worker --help`},
 		{"UnknownCommand", nil, []string{"serve"},
-			`worker: unknown command "serve" (run, migrate, dev, demo, replay); see worker --help`},
+			`worker: unknown command "serve" (run, migrate, dev, demo, replay, parked); see worker --help`},
 		{"FlagBeforeCommand", nil, []string{"--kafka-brokers=x:1", "run"},
 			`worker: flags go after the command: worker CMD --kafka-brokers=x:1; see worker --help`},
 	}
@@ -141,7 +141,8 @@ var contractDefaults = map[string]string{
 	"RETRY_INITIAL_INTERVAL":   "200ms",
 	"RETRY_MAX_INTERVAL":       "30s",
 	"RETRY_MAX_ELAPSED":        "5m",
-	"INBOX_RETENTION_PAYMENTS": "", // the topic's retention.ms + segment.ms + 1h, settled at start
+	"RETRY_PARK_AFTER":         "5s", // not in the contract's table: the park's
+	"INBOX_RETENTION_PAYMENTS": "",   // the topic's retention.ms + segment.ms + 1h, settled at start
 	"INBOX_RETENTION_SMS":      "",
 	"BATCH_SIZE":               "256", // not in the contract's table: the throughput settings
 	"BATCH_WAIT":               "5ms",
@@ -177,7 +178,7 @@ func TestDefaults(t *testing.T) {
 		KafkaBrokers: []string{"127.0.0.1:9092"}, KafkaGroupID: "inboxworker", KafkaSessionTimeout: 10 * time.Second,
 		DatabaseURL:   "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 		TopicPayments: "payments.callbacks", TopicSMS: "notifications.sms", DLQSuffix: ".dlq",
-		RetryInitialInterval: 200 * time.Millisecond, RetryMaxInterval: 30 * time.Second, RetryMaxElapsed: 5 * time.Minute,
+		RetryInitialInterval: 200 * time.Millisecond, RetryMaxInterval: 30 * time.Second, RetryMaxElapsed: 5 * time.Minute, RetryParkAfter: 5 * time.Second,
 		BatchSize: 256, BatchWait: 5 * time.Millisecond, LagInterval: 5 * time.Second,
 		Ordering: "key", MaxInFlight: 256, PaymentsConcurrency: 4, SMSConcurrency: 128,
 		HTTPAddr: ":8080", ShutdownTimeout: 30 * time.Second, StartupTimeout: 15 * time.Second,

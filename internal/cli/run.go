@@ -220,6 +220,7 @@ func (w *worker) wire(ctx context.Context) error {
 			MaxElapsed:      cfg.RetryMaxElapsed,
 		},
 		Ordering:        ordering(cfg.Ordering),
+		ParkAfter:       cfg.RetryParkAfter,
 		MaxInFlight:     cfg.MaxInFlight,
 		BatchSize:       cfg.BatchSize,
 		BatchWait:       cfg.BatchWait,

@@ -24,13 +24,14 @@ const (
 	useDev
 	useDemo
 	useReplay
+	useParked
 
 	// useWorker are the commands that run the consumer: its tuning applies to them.
 	useWorker = useRun | useDev
 	// useBrokers are the commands that reach the brokers of KAFKA_BROKERS, not an embedded one.
-	useBrokers = useRun | useReplay
+	useBrokers = useRun | useReplay | useParked
 	// useDatabase are the commands that reach DATABASE_URL: all of them.
-	useDatabase = useRun | useMigrate | useDev | useDemo | useReplay
+	useDatabase = useRun | useMigrate | useDev | useDemo | useReplay | useParked
 	// useTopics are the commands that know the consumed topics.
 	useTopics = useWorker | useDemo
 )

@@ -17,8 +17,9 @@ import (
 // can, through the route's BatchHandler, and returns how many finished, in offset order. It keeps
 // the per-message path's guarantees by handing that path every message a batch cannot settle:
 //
-//   - A message without a valid idempotency key is dead-lettered in its place; the messages on
-//     either side of it go in separate transactions.
+//   - A message without a valid idempotency key is dead-lettered in its place, and a message whose
+//     key has messages in the park is parked behind them; the messages on either side of it go in
+//     separate transactions.
 //   - A run of messages with valid keys is claimed and applied in one transaction
 //     (inbox.Store.ProcessBatch), and its key-reused messages dead-lettered after the commit.
 //   - When the handler fails on one message, the transaction rolls back; the messages before it are
@@ -38,7 +39,7 @@ func (p *partition) applyBatch(ctx context.Context, batch []*entry) int {
 		if p.isStopping() {
 			return done
 		}
-		if batch[done].keyErr != nil {
+		if batch[done].keyErr != nil || p.keyParked(batch[done]) {
 			if p.applyMessage(ctx, batch[done], tried{}) != nil {
 				return done
 			}
@@ -46,7 +47,7 @@ func (p *partition) applyBatch(ctx context.Context, batch []*entry) int {
 			continue
 		}
 		end := done + 1
-		for end < len(batch) && batch[end].keyErr == nil {
+		for end < len(batch) && batch[end].keyErr == nil && !p.keyParked(batch[end]) {
 			end++
 		}
 		got := p.applyRun(ctx, batch[done:end], runs[done:end])

@@ -29,6 +29,7 @@ const (
 	childKey      = "CONSUMER_TEST_KEY"
 	childBatch    = "CONSUMER_TEST_PER_BATCH"    // set: Transactions PerBatch
 	childOrdering = "CONSUMER_TEST_BY_PARTITION" // set: Ordering ByPartition
+	childParked   = "CONSUMER_TEST_PARKED"       // an idempotency key whose order does not exist: parked
 )
 
 // The child's modes: where it kills itself.
@@ -75,7 +76,12 @@ func runChild() {
 	if os.Getenv(childOrdering) != "" {
 		mode.order = consumer.ByPartition
 	}
-	c, err := consumer.New(testConfig(os.Getenv(childBroker), pool, store, h, mode, log))
+	config := testConfig(os.Getenv(childBroker), pool, store, h, mode, log)
+	if key := os.Getenv(childParked); key != "" {
+		h.fail = failUntil(key, nil)
+		parkSoon(&config)
+	}
+	c, err := consumer.New(config)
 	if err == nil {
 		err = c.Run(ctx)
 	}
@@ -105,7 +111,7 @@ type child struct {
 
 // startChild starts a worker process in mode, consuming from e's broker into e's schema, in e's
 // mode of transactions.
-func (e *env) startChild(mode, key string) *child {
+func (e *env) startChild(mode, key string, env ...string) *child {
 	e.t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
@@ -122,6 +128,7 @@ func (e *env) startChild(mode, key string) *child {
 	if e.mode.order == consumer.ByPartition {
 		cmd.Env = append(cmd.Env, childOrdering+"=1")
 	}
+	cmd.Env = append(cmd.Env, env...)
 	w := testlog.Writer(e.t)
 	cmd.Stdout, cmd.Stderr = w, w
 	if err := cmd.Start(); err != nil {

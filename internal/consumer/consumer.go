@@ -17,6 +17,12 @@
 // rebalance cancels the partition's in-flight work, whose transactions roll back, and commits
 // nothing into the next generation.
 //
+// A message whose retryable error outlasts Config.ParkAfter in place is parked (inbox.Store.Park),
+// with every later message of its key behind it, so that its partition goes on; a retrier per owned
+// partition retries the parked heads in key order (retrier.go). Each route has an outage circuit
+// (circuit.go) that pauses it while its failures look like an outage of its dependency: nothing of it
+// starts but a probe, and no message's retry budget is charged.
+//
 // consumer does not decide what an error means (package fault does), holds no SQL (package inbox
 // does), nor touches the business tables (handlers do, through the transaction they are given). It
 // does not produce anything but dead letters.
@@ -160,6 +166,21 @@ type Config struct {
 	// Transactions says whether a batch is applied in one transaction (PerBatch, the default, for
 	// routes with a BatchHandler) or every message in its own (PerMessage).
 	Transactions Transactions
+	// ParkAfter is how long a message failing with a retryable error is retried in place, the later
+	// messages of its key waiting behind it, before it is parked: taken out of its partition's way
+	// into Postgres with the later messages of its key, and retried there on the same backoff and
+	// budget (Retry), each key in offset order, while the partition goes on (see the README's Parked
+	// retries). With Ordering ByPartition nothing is parked: a message is retried in place until it
+	// is applied or its budget runs out. Defaults to 5s.
+	ParkAfter time.Duration
+	// ParkLease is how long a claim on a parked message lasts, so that one owner at a time retries
+	// it; the claim of an owner that died lapses after it. It must outlast an attempt. Defaults to
+	// twice AttemptTimeout.
+	ParkLease time.Duration
+	// Circuit configures the outage circuit of each route, which pauses the route while its failures
+	// look like an outage of its dependency (see CircuitConfig); the zero value takes its defaults.
+	// Its Now and OnChange are the consumer's own.
+	Circuit CircuitConfig
 	// ShutdownTimeout is how long Run lets in-flight messages finish once its context is cancelled;
 	// then their work is cancelled and rolled back. Defaults to 30s.
 	ShutdownTimeout time.Duration
@@ -209,6 +230,7 @@ type Consumer struct {
 	dlq       *kafka.Writer
 	lag       *lagReporter
 	limits    map[string]*routeLimit // by topic
+	circuits  map[string]*circuit    // by topic
 
 	// deadLetters keeps the dead letters their topic refused for good.
 	deadLetters *deadletter.Store
@@ -226,6 +248,8 @@ func New(config Config) (*Consumer, error) {
 	config.Retry.MaxInterval = cmp.Or(config.Retry.MaxInterval, 30*time.Second)
 	config.Retry.MaxElapsed = cmp.Or(config.Retry.MaxElapsed, 5*time.Minute)
 	config.AttemptTimeout = cmp.Or(config.AttemptTimeout, 30*time.Second)
+	config.ParkAfter = cmp.Or(config.ParkAfter, 5*time.Second)
+	config.ParkLease = cmp.Or(config.ParkLease, 2*config.AttemptTimeout)
 	config.MaxInFlight = cmp.Or(config.MaxInFlight, 256)
 	config.BatchSize = cmp.Or(config.BatchSize, 256)
 	config.BatchWait = cmp.Or(config.BatchWait, 5*time.Millisecond)
@@ -255,9 +279,17 @@ func New(config Config) (*Consumer, error) {
 		transport: &kafka.Transport{ClientID: "inboxworker", SASL: config.SASL, TLS: config.TLS},
 	}
 	c.limits = make(map[string]*routeLimit, len(config.Routes))
+	c.circuits = make(map[string]*circuit, len(config.Routes))
 	for _, r := range config.Routes {
 		c.routes[r.Topic] = r
 		c.limits[r.Topic] = newRouteLimit(r.Concurrency)
+		cc := config.Circuit
+		cc.Now, cc.OnChange = nil, routeChange(c.log, c.metrics, r.Topic)
+		circuit, err := newCircuit(cc)
+		if err != nil {
+			return nil, fmt.Errorf("consumer: Config.%w", err)
+		}
+		c.circuits[r.Topic] = circuit
 	}
 	c.dlq = c.newDeadLetterWriter()
 	c.deadLetters = config.DeadLetters
@@ -305,6 +337,7 @@ func (config *Config) validate() error {
 		{"Retry.MaxInterval", config.Retry.MaxInterval},
 		{"Retry.MaxElapsed", config.Retry.MaxElapsed},
 		{"AttemptTimeout", config.AttemptTimeout},
+		{"ParkAfter", config.ParkAfter},
 		{"BatchWait", config.BatchWait},
 		{"ShutdownTimeout", config.ShutdownTimeout},
 		{"LagInterval", config.LagInterval},
@@ -320,6 +353,10 @@ func (config *Config) validate() error {
 	if config.Retry.MaxInterval < config.Retry.InitialInterval {
 		return fmt.Errorf("Config.Retry.MaxInterval (%s) must not be less than Retry.InitialInterval (%s)",
 			config.Retry.MaxInterval, config.Retry.InitialInterval)
+	}
+	if config.ParkLease <= config.AttemptTimeout {
+		return fmt.Errorf("Config.ParkLease (%s) must be longer than AttemptTimeout (%s)",
+			config.ParkLease, config.AttemptTimeout)
 	}
 	if config.Transactions != PerBatch && config.Transactions != PerMessage {
 		return fmt.Errorf("Config.Transactions must be PerBatch or PerMessage, got %v", config.Transactions)
@@ -368,6 +405,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer close(runDone)
 	background.Go(func() { c.cancelAfterShutdownTimeout(ctx, runDone, cancelHard) })
 	background.Go(func() { c.lag.run(ctx) })
+	background.Go(func() {
+		reportParked(ctx, c.metrics, c.config.Store, c.topics(), parkStatsInterval, c.log)
+	})
 
 	c.log.InfoContext(ctx, "joining the consumer group", "topics", c.topics())
 	var partitions sync.WaitGroup

@@ -56,6 +56,8 @@ type tried struct {
 type verdict struct {
 	outcome inbox.Outcome
 	failed  *failure
+	// parked: the message is in the park, whose retrier takes it on from there.
+	parked bool
 }
 
 // applyMessage takes one message, which prior says was tried in batches before, to a finished state
@@ -75,9 +77,18 @@ func (p *partition) applyMessage(ctx context.Context, e *entry, prior tried) err
 		v.failed = &failure{reason: e.reason, err: e.keyErr}
 	} else {
 		log = log.With("key", e.key)
+		switch behind, err := p.parkBehind(ctx, e, log); {
+		case err != nil:
+			return err
+		case behind:
+			return nil // its key's messages before it are parked: it waits behind them
+		}
 		var err error
 		if v, err = p.retry(ctx, e, prior, log); err != nil {
 			return err
+		}
+		if v.parked {
+			return nil
 		}
 	}
 	outcome := string(v.outcome)
@@ -94,17 +105,21 @@ func (p *partition) applyMessage(ctx context.Context, e *entry, prior tried) err
 
 // retry runs e through the inbox and its handler until it is applied or found a duplicate, or
 // fails for good, which it returns as a failure to dead-letter (a key reused with another payload
-// among them). In between it retries in place, keeping its key's order:
+// among them), or is parked. In between it retries in place, keeping its key's order:
 //
 //   - a retryable error waits with exponential backoff and jitter (at least the error's RetryAfter,
 //     which pauses the whole route as well) until the message's retry budget, Retry.MaxElapsed,
-//     runs out;
+//     runs out; once the retries in place have taken ParkAfter, the message is parked instead, and
+//     its budget goes on in the park;
 //   - an outage of the database waits without limit, and without spending the retry budget;
+//   - while the route's circuit has it paused (its dependency looks down), the message is parked at
+//     once, its budget untouched; with Ordering ByPartition, which parks nothing, it waits for the
+//     route to open again, without spending its budget;
 //   - a permanent error fails at once.
 //
-// Nothing is open while it waits. It returns an error only when ctx is done or the consumer begins
-// to stop while it waits. A message that failed in a batch (prior.err) goes on from that failed
-// attempt.
+// Each run is the route circuit's to know of. Nothing is open while it waits. It returns an error
+// only when ctx is done or the consumer begins to stop while it waits. A message that failed in a
+// batch (prior.err) goes on from that failed attempt.
 func (p *partition) retry(ctx context.Context, e *entry, prior tried, log *slog.Logger) (verdict, error) {
 	msg := p.inboxMessage(e.msg, e.key)
 	budget := &budgetClock{}
@@ -117,28 +132,49 @@ func (p *partition) retry(ctx context.Context, e *entry, prior tried, log *slog.
 		backoff.WithClockProvider(budget),
 	)
 	var outage *backoff.ExponentialBackOff
+	var t tries
 	attempt, batchErr := prior.runs, prior.err
 	for {
 		began := time.Now()
 		var outcome inbox.Outcome
 		err := batchErr
-		if batchErr == nil {
+		var run permit
+		ran := batchErr == nil
+		if ran {
+			var ok bool
+			if run, ok = p.circuit.Allow(); !ok {
+				if p.parked != nil {
+					t.attempts = attempt
+					err := p.park(ctx, e, t, retries.GetElapsedTime(), 0, "its route is paused", log)
+					return verdict{parked: err == nil}, err
+				}
+				pausedBefore := p.circuit.Paused()
+				if err := p.waitRoute(ctx); err != nil {
+					return verdict{}, err
+				}
+				budget.exclude(p.circuit.Paused() - pausedBefore)
+				continue
+			}
 			attempt++
 			outcome, err = p.attempt(ctx, msg, e.msg.Value, attempt, log)
 		}
 		batchErr = nil
 		switch {
 		case err == nil && outcome == inbox.KeyReused:
+			p.record(run, ran, e, resultAnswered)
 			// The claim found the key reused: this attempt ran no handler.
 			return verdict{failed: keyReused(e.key, attempt-1)}, nil
 		case err == nil:
+			p.record(run, ran, e, resultAnswered)
 			return verdict{outcome: outcome}, nil
 		case ctx.Err() != nil:
+			p.record(run, ran, e, resultInconclusive)
 			return verdict{}, context.Cause(ctx)
 		}
 
 		err = unwrapPermanent(err)
 		kind, reason, retryAfter := p.classify(ctx, err)
+		p.record(run, ran, e, circuitResult(err, kind, reason))
 		switch kind {
 		case fault.KindPermanent:
 			return verdict{failed: &failure{reason: reason, err: err, attempts: attempt}}, nil
@@ -158,6 +194,14 @@ func (p *partition) retry(ctx context.Context, e *entry, prior tried, log *slog.
 		}
 
 		outage = nil
+		t.failed(err, reason, attempt)
+		if p.parked != nil {
+			if state, _ := p.circuit.State(); state != RouteOpen {
+				// This failure, or others with it, paused the route: an outage, not the message's doing.
+				err := p.park(ctx, e, t, retries.GetElapsedTime(), 0, "its route is paused", log)
+				return verdict{parked: err == nil}, err
+			}
+		}
 		delay := retries.NextBackOff()
 		if delay == backoff.Stop || retries.GetElapsedTime()+retryAfter > p.c.config.Retry.MaxElapsed {
 			return verdict{failed: &failure{reason: reason, err: err, attempts: attempt}}, nil
@@ -166,11 +210,26 @@ func (p *partition) retry(ctx context.Context, e *entry, prior tried, log *slog.
 			p.limit.pause(retryAfter)
 		}
 		delay = max(delay, retryAfter, p.limit.pausedFor())
+		if p.parked != nil && retries.GetElapsedTime()+delay > p.c.config.ParkAfter {
+			spent := retries.GetElapsedTime() + delay
+			err := p.park(ctx, e, t, spent, delay, "its retries in place did not clear it", log)
+			return verdict{parked: err == nil}, err
+		}
 		p.c.metrics.retried(p.topic)
 		log.InfoContext(ctx, "retrying the message", "attempt", attempt, "delay", delay, "error", err)
+		pausedBefore := p.circuit.Paused()
 		if err := p.sleep(ctx, delay); err != nil {
 			return verdict{}, err
 		}
+		budget.exclude(p.circuit.Paused() - pausedBefore)
+	}
+}
+
+// record tells the route's circuit what a run of e, which run let start, came to; nothing when the
+// run was not this loop's (it failed in a batch).
+func (p *partition) record(run permit, ran bool, e *entry, res result) {
+	if ran {
+		p.circuit.Record(run, e.order, res)
 	}
 }
 

@@ -19,6 +19,11 @@ type Metrics struct {
 	// DeadLettersStored counts the dead letters their topic refused for good, kept in Postgres
 	// (each is counted in Messages as dead_lettered too).
 	DeadLettersStored *prometheus.CounterVec // inboxworker_dead_letters_stored_total{topic}
+	// The park and the routes' outage circuits (see parking.go).
+	Parked *prometheus.GaugeVec   // inboxworker_parked_messages{topic}
+	Oldest *prometheus.GaugeVec   // inboxworker_parked_oldest_seconds{topic}
+	Paused *prometheus.GaugeVec   // inboxworker_route_paused{topic}
+	Pauses *prometheus.CounterVec // inboxworker_route_pauses_total{topic}
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -49,8 +54,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "inboxworker_dead_letters_stored_total",
 			Help: "Dead letters their dead-letter topic refused for good (too large, not authorised), kept in the table dead_letters for worker replay, by source topic.",
 		}, []string{"topic"}),
+		Parked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inboxworker_parked_messages",
+			Help: "Messages parked, waiting for a retry out of their partition's way, by topic.",
+		}, []string{"topic"}),
+		Oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inboxworker_parked_oldest_seconds",
+			Help: "How long ago the oldest parked message of the topic was parked; 0 when none is.",
+		}, []string{"topic"}),
+		Paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inboxworker_route_paused",
+			Help: "1 while the topic's route is paused (or probing) because its dependency looks down, else 0.",
+		}, []string{"topic"}),
+		Pauses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inboxworker_route_pauses_total",
+			Help: "Times the topic's route was paused because its dependency looked down.",
+		}, []string{"topic"}),
 	}
-	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag, m.Stalled, m.DeadLettersStored)
+	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag, m.Stalled, m.DeadLettersStored,
+		m.Parked, m.Oldest, m.Paused, m.Pauses)
 	return m
 }
 
@@ -72,6 +94,10 @@ func (m *Metrics) initSeries(topics []string) {
 		m.Retries.WithLabelValues(topic)
 		m.Handle.WithLabelValues(topic)
 		m.DeadLettersStored.WithLabelValues(topic)
+		m.Parked.WithLabelValues(topic)
+		m.Oldest.WithLabelValues(topic)
+		m.Paused.WithLabelValues(topic)
+		m.Pauses.WithLabelValues(topic)
 	}
 }
 

@@ -46,6 +46,12 @@ type partition struct {
 	offset int64 // the assigned offset: the group's committed offset, or kafka.FirstOffset
 	log    *slog.Logger
 	limit  *routeLimit
+	// circuit is the route's outage circuit.
+	circuit *circuit
+	// parked are the ordering keys with messages in the park, whose later messages are parked
+	// behind them; nil with Ordering ByPartition, which parks nothing. retrier retries them.
+	parked  *parkedKeys
+	retrier *retrier
 
 	// batcher is the route's handler when batches are applied in one transaction, else nil.
 	batcher effect.BatchHandler
@@ -113,6 +119,7 @@ func (c *Consumer) newPartition(route Route, a kafka.PartitionAssignment, gen *k
 		offset:    a.Offset,
 		log:       c.log.With("topic", route.Topic, "partition", a.ID, "generation", gen.ID),
 		limit:     c.limits[route.Topic],
+		circuit:   c.circuits[route.Topic],
 		busy:      make(map[string]bool),
 		room:      make(chan struct{}, c.config.MaxInFlight),
 		settled:   make(chan settled, c.config.MaxInFlight),
@@ -157,6 +164,14 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 	if err := p.reader.SetOffset(p.offset); err != nil {
 		p.log.Error("cannot seek the partition's reader", "offset", p.offset, "error", err)
 		return
+	}
+	if p.c.config.Ordering == ByKey {
+		stopRetrier, err := p.startRetrier(idle)
+		if err != nil {
+			p.log.Info("released the partition", "cause", err)
+			return
+		}
+		defer stopRetrier()
 	}
 	transactions := PerMessage
 	if p.batcher != nil {

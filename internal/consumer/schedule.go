@@ -9,7 +9,8 @@ import (
 // schedule starts the messages that may start now, each dispatch on a goroutine of its own, and
 // returns how long until it should look again though nothing happens (a batch waiting for more
 // messages, a paused route); 0 when only an event (a fetch, a settled dispatch, a free slot of the
-// route) can change what may start.
+// route) can change what may start. While the route's circuit has it paused, nothing starts but,
+// once a probe is due, one message (see routeGate).
 //
 // A message may start when it is the first unstarted message of its ordering key and its key has
 // nothing in flight. Messages of a route whose handler takes batches start as batches: the
@@ -31,12 +32,18 @@ func (p *partition) schedule(work, idle context.Context) time.Duration {
 		p.wantsSlot = true // no slot to start anything with: no need to look for what could start
 		return 0
 	}
+	probe, wait := p.routeGate()
+	if wait > 0 {
+		return wait
+	}
 	var ds []*dispatch
-	var wait time.Duration
-	if p.batcher != nil {
+	switch {
+	case probe:
+		ds = p.pickMessages(1) // its first run is the probe of the paused route
+	case p.batcher != nil:
 		ds, wait = p.pickBatches()
-	} else {
-		ds = p.pickMessages()
+	default:
+		ds = p.pickMessages(0)
 	}
 	if len(ds) == 0 {
 		return wait
@@ -51,12 +58,13 @@ func (p *partition) schedule(work, idle context.Context) time.Duration {
 	return wait
 }
 
-// pickMessages takes the messages that may start, one dispatch each, as long as the route has slots.
-func (p *partition) pickMessages() []*dispatch {
+// pickMessages takes the messages that may start, one dispatch each, as long as the route has slots,
+// and at most limit of them unless it is 0.
+func (p *partition) pickMessages(limit int) []*dispatch {
 	var ds []*dispatch
 	barrier := p.guard.barrier()
 	for _, e := range p.window[p.finished:] {
-		if e.msg.Offset >= barrier {
+		if e.msg.Offset >= barrier || limit > 0 && len(ds) == limit {
 			break
 		}
 		if e.started || p.busy[e.order] {

@@ -14,6 +14,10 @@
 // A key is remembered for its handler's retention (Config.Retention), then deleted by Purge, which
 // RunPurger calls periodically; a redelivery after that is applied again.
 //
+// The park (Store.Park, TakeDue, ProcessParked) holds messages that wait for a retry out of their
+// partition's way, each key's in offset order, and applies one with its removal from the park in one
+// transaction.
+//
 // inbox knows Postgres and nothing of Kafka: origin offsets are stored for operators, not read.
 // It does not retry; it classifies Postgres errors (see Classify) so that its caller can.
 package inbox

@@ -474,6 +474,9 @@ var plainToken = regexp.MustCompile(`^[A-Za-z0-9._:/-]+$`)
 
 // displayed is a header value for one line of output: cut to maxDisplayed bytes, and quoted unless
 // it is a plain token (a header may hold anything, line breaks included).
+// Displayed is displayed, for the other commands that print header values.
+func Displayed(s string) string { return displayed(s) }
+
 func displayed(s string) string {
 	if len(s) > maxDisplayed {
 		n := maxDisplayed

@@ -1,0 +1,402 @@
+package consumer
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeClock is a clock that moves only when told to.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{now: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// circuitEnv is a circuit on a fake clock, with the changes of state it reported.
+type circuitEnv struct {
+	*circuit
+	clock *fakeClock
+	mu    sync.Mutex
+	log   []string // "from→to"
+}
+
+func newCircuitEnv(t *testing.T, config CircuitConfig) *circuitEnv {
+	t.Helper()
+	e := &circuitEnv{clock: newFakeClock()}
+	config.Now = e.clock.Now
+	config.OnChange = func(from, to RouteState, why string) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.log = append(e.log, from.String()+"→"+to.String())
+		if why == "" {
+			t.Errorf("change %s→%s without a reason", from, to)
+		}
+	}
+	c, err := newCircuit(config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.circuit = c
+	return e
+}
+
+// run starts a message of key and records res, and fails the test unless it may start.
+func (e *circuitEnv) run(t *testing.T, key string, res result) {
+	t.Helper()
+	p, ok := e.Allow()
+	if !ok {
+		t.Fatalf("a message of %s may not start; the route is %v", key, e.state)
+	}
+	e.Record(p, key, res)
+}
+
+func (e *circuitEnv) changes() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.log)
+}
+
+func (e *circuitEnv) assertState(t *testing.T, want RouteState) {
+	t.Helper()
+	if got, _ := e.State(); got != want {
+		t.Fatalf("route %v, want %v", got, want)
+	}
+}
+
+// probe waits out the probe interval, takes the probe and records res.
+func (e *circuitEnv) probe(t *testing.T, res result) {
+	t.Helper()
+	state, at := e.State()
+	if state != RoutePaused {
+		t.Fatalf("route %v, want paused", state)
+	}
+	e.clock.Advance(at.Sub(e.clock.Now()))
+	p, ok := e.Allow()
+	if !ok || !p.Probe() {
+		t.Fatalf("Allow at the probe time = %+v, %t; want the probe", p, ok)
+	}
+	e.Record(p, "probe", res)
+}
+
+func TestCircuitTrips(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ConsecutiveFailuresAcrossKeys", func(t *testing.T) {
+		t.Parallel()
+		e := newCircuitEnv(t, CircuitConfig{})
+		for i := range 9 {
+			e.run(t, fmt.Sprint("k", i%3), resultFailed)
+		}
+		e.assertState(t, RouteOpen)
+		e.run(t, "k0", resultFailed)
+		e.assertState(t, RoutePaused)
+		if got := e.changes(); !slices.Equal(got, []string{"open→paused"}) {
+			t.Errorf("changes %q", got)
+		}
+		if _, ok := e.Allow(); ok {
+			t.Error("a message may start on a paused route")
+		}
+	})
+
+	t.Run("AnswerBreaksTheRun", func(t *testing.T) {
+		t.Parallel()
+		e := newCircuitEnv(t, CircuitConfig{FailureRate: 1})
+		for i := range 100 {
+			e.run(t, fmt.Sprint("k", i%5), resultFailed)
+			if i%9 == 8 {
+				e.run(t, "good", resultAnswered)
+			}
+		}
+		e.assertState(t, RouteOpen)
+	})
+
+	// One key that always fails, or two, are not an outage, however often they fail.
+	t.Run("FewKeysNever", func(t *testing.T) {
+		t.Parallel()
+		e := newCircuitEnv(t, CircuitConfig{})
+		for i := range 1000 {
+			e.run(t, fmt.Sprint("poison", i%2), resultFailed)
+			e.clock.Advance(100 * time.Millisecond)
+		}
+		e.assertState(t, RouteOpen)
+		if got := e.Paused(); got != 0 {
+			t.Errorf("Paused() = %s, want 0", got)
+		}
+	})
+
+	t.Run("Inconclusive", func(t *testing.T) {
+		t.Parallel()
+		e := newCircuitEnv(t, CircuitConfig{})
+		for i := range 100 {
+			e.run(t, fmt.Sprint("k", i), resultInconclusive)
+		}
+		e.assertState(t, RouteOpen)
+	})
+
+	t.Run("FailureRate", func(t *testing.T) {
+		t.Parallel()
+		e := newCircuitEnv(t, CircuitConfig{})
+		// 2 failures for 3 answers: 40%, from many keys, over and over; no trip.
+		for i := range 200 {
+			key := fmt.Sprint("k", i)
+			switch i % 5 {
+			case 0, 1:
+				e.run(t, key, resultFailed)
+			default:
+				e.run(t, key, resultAnswered)
+			}
+			e.clock.Advance(100 * time.Millisecond)
+		}
+		e.assertState(t, RouteOpen)
+		// Then 3 failures for 2 answers: the rate reaches 50% in the window once the 40% has aged.
+		tripped := -1
+		for i := range 2000 {
+			key := fmt.Sprint("j", i)
+			if i%5 < 3 {
+				e.run(t, key, resultFailed)
+			} else {
+				e.run(t, key, resultAnswered)
+			}
+			if state, _ := e.State(); state == RoutePaused {
+				tripped = i
+				break
+			}
+			e.clock.Advance(100 * time.Millisecond)
+		}
+		if tripped < 0 {
+			t.Fatal("a 60% failure rate did not trip the circuit")
+		}
+		if tripped < 100 || tripped > 600 {
+			t.Errorf("tripped after %d runs (%s), want once the window is over half failures", tripped,
+				time.Duration(tripped)*100*time.Millisecond)
+		}
+	})
+
+	// Failures that leave the window are forgotten, keys included.
+	t.Run("WindowForgets", func(t *testing.T) {
+		t.Parallel()
+		e := newCircuitEnv(t, CircuitConfig{ConsecutiveFailures: 1000})
+		for i := range 9 {
+			e.run(t, fmt.Sprint("k", i), resultFailed)
+		}
+		e.clock.Advance(time.Minute)
+		e.run(t, "k9", resultFailed) // 10 failures from 10 keys, but only 1 in the window
+		e.assertState(t, RouteOpen)
+		for range 9 {
+			e.run(t, "k10", resultFailed)
+			e.clock.Advance(time.Second)
+		}
+		e.assertState(t, RouteOpen) // 10 failures in the window, from 2 keys only
+		e.run(t, "k11", resultFailed)
+		e.assertState(t, RoutePaused)
+	})
+}
+
+func TestCircuitProbes(t *testing.T) {
+	t.Parallel()
+
+	t.Run("GrowingIntervalCapped", func(t *testing.T) {
+		t.Parallel()
+		e := newCircuitEnv(t, CircuitConfig{})
+		for i := range 10 {
+			e.run(t, fmt.Sprint("k", i), resultFailed)
+		}
+		var intervals []time.Duration
+		for range 8 {
+			state, at := e.State()
+			if state != RoutePaused {
+				t.Fatalf("route %v, want paused", state)
+			}
+			intervals = append(intervals, at.Sub(e.clock.Now()))
+			// Not a moment before its time.
+			e.clock.Advance(at.Sub(e.clock.Now()) - time.Millisecond)
+			if _, ok := e.Allow(); ok {
+				t.Fatal("a message started before the probe was due")
+			}
+			e.probe(t, resultFailed)
+		}
+		want := []time.Duration{1, 2, 4, 8, 16, 30, 30, 30}
+		for i := range want {
+			want[i] *= time.Second
+		}
+		if !slices.Equal(intervals, want) {
+			t.Errorf("probe intervals %v, want %v", intervals, want)
+		}
+	})
+
+	t.Run("OneProbeAtATime", func(t *testing.T) {
+		t.Parallel()
+		e := newCircuitEnv(t, CircuitConfig{})
+		for i := range 10 {
+			e.run(t, fmt.Sprint("k", i), resultFailed)
+		}
+		_, at := e.State()
+		e.clock.Advance(at.Sub(e.clock.Now()))
+		probe, ok := e.Allow()
+		if !ok || !probe.Probe() {
+			t.Fatal("no probe")
+		}
+		e.assertState(t, RouteProbing)
+		e.clock.Advance(time.Hour)
+		if _, ok := e.Allow(); ok {
+			t.Fatal("a second message started while the probe runs")
+		}
+		e.Record(probe, "k", resultAnswered)
+		e.assertState(t, RouteOpen)
+		if got, want := e.changes(), []string{"open→paused", "paused→probing", "probing→open"}; !slices.Equal(got, want) {
+			t.Errorf("changes %q, want %q", got, want)
+		}
+	})
+
+	// Once open again the failures before the pause are forgotten, and the probe interval starts
+	// over.
+	t.Run("ResumeForgets", func(t *testing.T) {
+		t.Parallel()
+		e := newCircuitEnv(t, CircuitConfig{})
+		for i := range 10 {
+			e.run(t, fmt.Sprint("k", i), resultFailed)
+		}
+		e.probe(t, resultFailed)
+		e.probe(t, resultAnswered)
+		e.assertState(t, RouteOpen)
+		for i := range 9 {
+			e.run(t, fmt.Sprint("k", i), resultFailed)
+		}
+		e.assertState(t, RouteOpen)
+		e.run(t, "k9", resultFailed)
+		if _, at := e.State(); at.Sub(e.clock.Now()) != time.Second {
+			t.Errorf("first probe in %s after a resume, want 1s", at.Sub(e.clock.Now()))
+		}
+	})
+
+	t.Run("InconclusiveProbe", func(t *testing.T) {
+		t.Parallel()
+		e := newCircuitEnv(t, CircuitConfig{})
+		for i := range 10 {
+			e.run(t, fmt.Sprint("k", i), resultFailed)
+		}
+		e.probe(t, resultFailed) // next in 2s
+		e.probe(t, resultInconclusive)
+		state, at := e.State()
+		if state != RoutePaused || at.Sub(e.clock.Now()) != 2*time.Second {
+			t.Errorf("after an inconclusive probe: %v, next in %s; want paused, next in 2s", state, at.Sub(e.clock.Now()))
+		}
+	})
+
+	// Runs that started before the pause finish after it: they neither resume the route nor count.
+	t.Run("StaleResults", func(t *testing.T) {
+		t.Parallel()
+		e := newCircuitEnv(t, CircuitConfig{})
+		var inFlight []permit
+		for range 3 {
+			p, _ := e.Allow()
+			inFlight = append(inFlight, p)
+		}
+		for i := range 10 {
+			e.run(t, fmt.Sprint("k", i), resultFailed)
+		}
+		e.Record(inFlight[0], "late", resultAnswered)
+		e.assertState(t, RoutePaused)
+		e.probe(t, resultAnswered)
+		e.Record(inFlight[1], "late", resultFailed)
+		e.Record(inFlight[2], "late", resultFailed)
+		for i := range 9 {
+			e.run(t, fmt.Sprint("k", i), resultFailed)
+		}
+		e.assertState(t, RouteOpen) // 9 failures since the resume, not 11
+	})
+}
+
+// The time the route is not open is what no message's retry budget is charged.
+func TestCircuitPaused(t *testing.T) {
+	t.Parallel()
+	e := newCircuitEnv(t, CircuitConfig{})
+	e.clock.Advance(time.Hour)
+	if got := e.Paused(); got != 0 {
+		t.Fatalf("Paused() = %s while open, want 0", got)
+	}
+	for i := range 10 {
+		e.run(t, fmt.Sprint("k", i), resultFailed)
+	}
+	e.clock.Advance(500 * time.Millisecond)
+	if got := e.Paused(); got != 500*time.Millisecond {
+		t.Errorf("Paused() = %s, want 500ms", got)
+	}
+	e.probe(t, resultFailed)          // at 1s
+	e.probe(t, resultAnswered)        // at 3s
+	e.clock.Advance(10 * time.Minute) // open: not counted
+	if got := e.Paused(); got != 3*time.Second {
+		t.Errorf("Paused() = %s after resuming, want 3s", got)
+	}
+}
+
+func TestCircuitChanged(t *testing.T) {
+	t.Parallel()
+	e := newCircuitEnv(t, CircuitConfig{})
+	changed := e.Changed()
+	for i := range 9 {
+		e.run(t, fmt.Sprint("k", i), resultFailed)
+	}
+	select {
+	case <-changed:
+		t.Fatal("Changed closed without a change")
+	default:
+	}
+	e.run(t, "k9", resultFailed)
+	select {
+	case <-changed:
+	default:
+		t.Fatal("Changed not closed by the pause")
+	}
+	if next := e.Changed(); next == changed {
+		t.Error("Changed returned the closed channel again")
+	}
+}
+
+func TestNewCircuitValidates(t *testing.T) {
+	t.Parallel()
+	for _, config := range []CircuitConfig{
+		{ConsecutiveFailures: -1},
+		{Window: time.Millisecond},
+		{FailureRate: 1.5},
+		{FailureRate: -0.1},
+		{MinFailures: -1},
+		{MinKeys: -1},
+		{MinKeys: 1000},
+		{ProbeInterval: -time.Second},
+		{ProbeInterval: time.Minute, MaxProbeInterval: time.Second},
+	} {
+		if _, err := newCircuit(config); err == nil {
+			t.Errorf("newCircuit(%+v) succeeded, want an error", config)
+		}
+	}
+	c, err := newCircuit(CircuitConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := CircuitConfig{ConsecutiveFailures: 10, Window: time.Minute, FailureRate: 0.5, MinFailures: 10,
+		MinKeys: 3, ProbeInterval: time.Second, MaxProbeInterval: 30 * time.Second}
+	got := c.config
+	got.Now = nil
+	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
+		t.Errorf("defaults %+v, want %+v", got, want)
+	}
+}

@@ -1,0 +1,196 @@
+package consumer
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/pgtest"
+	"github.com/inboxworker/inboxworker/internal/testlog"
+)
+
+func newParkStore(t *testing.T) *inbox.Store {
+	t.Helper()
+	store, err := inbox.NewStore(pgtest.Pool(t), inbox.Config{Logger: testlog.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store
+}
+
+// A message parked comes back out of the park as it was read: key (or none), value, headers in
+// order, origin.
+func TestParkedRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newParkStore(t)
+	route := Route{Topic: "payments.callbacks", Name: "payments"}
+	for i, m := range []kafka.Message{
+		{Offset: 41, Key: []byte("A-1001"), Value: []byte(`{"event_id":"evt-1"}`), Headers: []kafka.Header{
+			{Key: "Idempotency-Key", Value: []byte("evt-1")}, {Key: "trace", Value: []byte{0, 0xff}}, {Key: "trace", Value: []byte("2")},
+		}},
+		{Offset: 42, Key: nil, Value: []byte(`{"event_id":"evt-2"}`)},
+	} {
+		key, _, err := IdempotencyKey(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.Park(ctx, toParked(route, 3, m, key, []byte("order")), 0); err != nil {
+			t.Fatal(err)
+		}
+		taken, err := store.TakeDue(ctx, route.Topic, 3, "o", time.Minute, 1)
+		if err != nil || len(taken) != 1 {
+			t.Fatalf("TakeDue = %d, %v", len(taken), err)
+		}
+		if taken[0].Handler != "payments" || taken[0].IdempotencyKey != key {
+			t.Errorf("parked as %q/%q, want payments/%s", taken[0].Handler, taken[0].IdempotencyKey, key)
+		}
+		got := fromParked(taken[0])
+		m.Topic, m.Partition = route.Topic, 3
+		if got.Topic != m.Topic || got.Partition != m.Partition || got.Offset != m.Offset ||
+			(got.Key == nil) != (m.Key == nil) || !bytes.Equal(got.Key, m.Key) || !bytes.Equal(got.Value, m.Value) ||
+			!slices.EqualFunc(got.Headers, m.Headers, func(a, b kafka.Header) bool {
+				return a.Key == b.Key && bytes.Equal(a.Value, b.Value)
+			}) {
+			t.Errorf("message %d came back as %+v, want %+v", i, got, m)
+		}
+		if err := store.Remove(ctx, taken[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestParkedDeadLetter(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC)
+	p := inbox.Parked{
+		Topic: "payments.callbacks", Partition: 2, Offset: 77, MessageKey: []byte("A-1"),
+		Value:    []byte(`{"event_id":"evt-9"}`),
+		Headers:  []inbox.Header{{Key: "Idempotency-Key", Value: []byte("evt-9")}, {Key: "dlq-reason", Value: []byte("old")}},
+		Attempts: 6, Reason: fault.UnknownOrder, LastError: "no order A-1",
+	}
+	m := ParkedDeadLetter(p, ".dlq", "dead-lettered by an operator", at)
+	if m.Topic != "payments.callbacks.dlq" || string(m.Key) != "A-1" || string(m.Value) != string(p.Value) {
+		t.Errorf("dead letter %s key %q value %q", m.Topic, m.Key, m.Value)
+	}
+	var got []string
+	for _, h := range m.Headers {
+		got = append(got, h.Key+"="+string(h.Value))
+	}
+	want := []string{
+		"Idempotency-Key=evt-9",
+		"dlq-reason=unknown_order",
+		"dlq-error=dead-lettered by an operator: no order A-1",
+		"dlq-original-topic=payments.callbacks",
+		"dlq-original-partition=2",
+		"dlq-original-offset=77",
+		"dlq-attempts=6",
+		"dlq-failed-at=2026-11-30T14:00:00Z",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("headers\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if key, _, err := IdempotencyKey(m); err != nil || key != "evt-9" {
+		t.Errorf("the dead letter's idempotency key %q, %v; want evt-9 kept", key, err)
+	}
+
+	// A message that waited behind its key and never ran.
+	p.Attempts, p.Reason, p.LastError = 0, "", ""
+	m = ParkedDeadLetter(p, ".dlq", "dead-lettered by an operator", at)
+	for _, h := range m.Headers {
+		switch h.Key {
+		case "dlq-reason":
+			if string(h.Value) != "retries_exhausted" {
+				t.Errorf("dlq-reason %q, want retries_exhausted", h.Value)
+			}
+		case "dlq-error":
+			if string(h.Value) != "dead-lettered by an operator" {
+				t.Errorf("dlq-error %q", h.Value)
+			}
+		}
+	}
+}
+
+func TestParkMetrics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	m.initSeries([]string{"a", "b"})
+	for _, g := range []*prometheus.GaugeVec{m.Parked, m.Oldest, m.Paused} {
+		if n := testutil.CollectAndCount(g); n != 2 {
+			t.Errorf("%d series at start, want one per topic", n)
+		}
+		for _, topic := range []string{"a", "b"} {
+			if v := testutil.ToFloat64(g.WithLabelValues(topic)); v != 0 {
+				t.Errorf("%s at start = %g, want 0", topic, v)
+			}
+		}
+	}
+
+	store := newParkStore(t)
+	for i, key := range []string{"k1", "k1", "k2"} {
+		p := inbox.Parked{Handler: "h", Topic: "a", Offset: int64(i), OrderingKey: []byte(key), IdempotencyKey: key + string(rune('0'+i))}
+		if _, err := store.Park(ctx, p, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		reportParked(runCtx, m, store, []string{"a", "b"}, 10*time.Millisecond, testlog.New(t))
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(m.Parked.WithLabelValues("a")) != 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if v := testutil.ToFloat64(m.Parked.WithLabelValues("a")); v != 3 {
+		t.Errorf("parked_messages{a} = %g, want 3", v)
+	}
+	if v := testutil.ToFloat64(m.Parked.WithLabelValues("b")); v != 0 {
+		t.Errorf("parked_messages{b} = %g, want 0", v)
+	}
+	if v := testutil.ToFloat64(m.Oldest.WithLabelValues("a")); v <= 0 || v > 60 {
+		t.Errorf("parked_oldest_seconds{a} = %g, want the age of the first", v)
+	}
+
+	logs := &bytes.Buffer{}
+	change := routeChange(slog.New(slog.NewTextHandler(logs, nil)), m, "b")
+	for _, c := range []struct {
+		from, to RouteState
+		paused   float64
+		log      string
+	}{
+		{RouteOpen, RoutePaused, 1, "pausing the route"},
+		{RoutePaused, RouteProbing, 1, "the route is probing"},
+		{RouteProbing, RoutePaused, 1, "the route is paused"},
+		{RoutePaused, RouteProbing, 1, "the route is probing"},
+		{RouteProbing, RouteOpen, 0, "resuming the route"},
+	} {
+		logs.Reset()
+		change(c.from, c.to, "because")
+		if v := testutil.ToFloat64(m.Pauses.WithLabelValues("b")); v != 1 {
+			t.Errorf("%v→%v: route_pauses_total{b} = %g, want the one pause", c.from, c.to, v)
+		}
+		if v := testutil.ToFloat64(m.Paused.WithLabelValues("b")); v != c.paused {
+			t.Errorf("%v→%v: route_paused{b} = %g, want %g", c.from, c.to, v, c.paused)
+		}
+		if !strings.Contains(logs.String(), c.log) || !strings.Contains(logs.String(), "topic=b") ||
+			!strings.Contains(logs.String(), "why=because") {
+			t.Errorf("%v→%v logged %q, want %q with the topic and why", c.from, c.to, logs, c.log)
+		}
+	}
+}
