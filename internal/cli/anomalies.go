@@ -53,20 +53,8 @@ func (g *anomalyGauge) run(ctx context.Context, pool *pgxpool.Pool, logger *slog
 func (g *anomalyGauge) refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	rows, err := pool.Query(ctx, `SELECT kind, count(*) FROM payment_anomalies GROUP BY kind`)
+	counts, err := payment.CountAnomalies(ctx, pool)
 	if err != nil {
-		return err
-	}
-	counts := map[string]int64{payment.AmountMismatch: 0, payment.DuplicatePayment: 0, payment.PaidAfterCancel: 0}
-	for rows.Next() {
-		var kind string
-		var n int64
-		if err := rows.Scan(&kind, &n); err != nil {
-			return err
-		}
-		counts[kind] = n
-	}
-	if err := rows.Err(); err != nil {
 		return err
 	}
 	for kind, n := range counts {

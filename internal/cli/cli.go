@@ -2,11 +2,17 @@
 // builds the parts (Postgres pool, inbox, handlers, Kafka consumer, HTTP endpoints) and runs them.
 //
 // Commands: run (consume until SIGTERM/SIGINT), migrate (apply or list migrations), dev (an embedded
-// broker plus the worker), demo (dev plus a generated stream and a summary) and replay (put dead
-// letters back on their original topic). Configuration errors
-// and unreachable dependencies end the process with exit code 1 and one line naming the setting;
-// secrets never reach the output. cli holds no business logic: the order state machine, SMS sending,
-// the inbox and the Kafka runtime live in their own packages.
+// broker plus the worker), demo (dev plus a generated stream and a summary), replay (put dead
+// letters back on their original topic) and parked (the park, seen and handled by hand); each is declared in a file of its own. Every setting is
+// one entry of the table in config.go. Each route (topic, inbox name, retention, handler) is wired
+// once, in run.go. Configuration errors and unreachable dependencies end the process with exit
+// code 1 and one line naming the setting; secrets never reach the output.
+//
+// cli holds no business logic and no protocol work: the order state machine, SMS sending, the
+// inbox and the Kafka runtime live in their own packages, and so do what the commands do beyond
+// wiring: waiting for the dependencies (startup), replaying dead letters (replay), the demo's
+// scenario (demo), the embedded broker (devbroker), reading settings (envflag) and masking secrets
+// (redact).
 package cli
 
 import (
@@ -17,7 +23,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/inboxworker/inboxworker/internal/deadletter"
+	"github.com/inboxworker/inboxworker/internal/envflag"
 )
 
 // Main runs the command in args (os.Args[1:]) with the environment read through getenv, and returns
@@ -47,14 +53,16 @@ type app struct {
 	stderr io.Writer
 }
 
-// A command is one of the worker's subcommands.
+// A command is one of the worker's subcommands. Each is declared in its own file.
 type command struct {
 	name    string
 	args    string // positional arguments, for --help
 	summary string
 	details string
-	// settings are the env names (or, for flag-only settings, flag names) the command reads.
-	settings []string
+	// use is the command's bit: it reads the settings whose use includes it.
+	use uint64
+	// flags are the command's own flags, flag-only, bound to what its run reads.
+	flags []*setting
 	// defaults describes the command's own defaults, where they differ from the settings', by env name.
 	defaults map[string]string
 	// maxArgs is how many positional arguments it takes.
@@ -62,105 +70,17 @@ type command struct {
 	run     func(ctx context.Context, a *app, cfg *Config, args []string) error
 }
 
-var (
-	kafkaSettings = []string{"KAFKA_BROKERS", "KAFKA_GROUP_ID", "KAFKA_SESSION_TIMEOUT",
-		"KAFKA_SASL_MECHANISM", "KAFKA_USERNAME", "KAFKA_PASSWORD", "KAFKA_TLS"}
-	databaseSettings = []string{"DATABASE_URL", "STARTUP_TIMEOUT"}
-	workerSettings   = []string{"TOPIC_PAYMENTS", "TOPIC_SMS", "DLQ_SUFFIX",
-		"SMS_PROVIDER_URL", "SMS_PROVIDER_TOKEN",
-		"RETRY_INITIAL_INTERVAL", "RETRY_MAX_INTERVAL", "RETRY_MAX_ELAPSED", "RETRY_PARK_AFTER",
-		"INBOX_RETENTION_PAYMENTS", "INBOX_RETENTION_SMS", "BATCH_SIZE", "BATCH_WAIT",
-		"ORDERING", "MAX_IN_FLIGHT", "PAYMENTS_CONCURRENCY", "SMS_CONCURRENCY", "SHUTDOWN_TIMEOUT"}
-	logSettings = []string{"LOG_LEVEL", "LOG_FORMAT"}
-)
-
-func join(lists ...[]string) []string {
-	var out []string
-	for _, l := range lists {
-		out = append(out, l...)
-	}
-	return out
-}
-
-var commands = []*command{
-	{
-		name:    "run",
-		summary: "apply pending migrations, then consume until SIGTERM/SIGINT",
-		details: "Applies pending migrations (unless --no-migrate), joins the consumer group and consumes\n" +
-			"until SIGTERM or SIGINT, then stops fetching, lets in-flight messages finish within\n" +
-			"SHUTDOWN_TIMEOUT, commits their offsets and exits 0. Serves /healthz, /readyz and /metrics\n" +
-			"on HTTP_ADDR and purges expired idempotency keys in the background.",
-		settings: join(kafkaSettings, databaseSettings, workerSettings, []string{"HTTP_ADDR"},
-			logSettings, []string{"no-migrate"}),
-		run: runCommand,
-	},
-	{
-		name:    "migrate",
-		args:    "[status]",
-		maxArgs: 1,
-		summary: "apply pending migrations and exit; `migrate status` lists them",
-		details: "Applies pending migrations to DATABASE_URL and exits. With `status`, lists every\n" +
-			"migration and whether it has been applied, and changes nothing.",
-		settings: join(databaseSettings, logSettings),
-		run:      migrateCommand,
-	},
-	{
-		name:    "dev",
-		summary: "run the worker against an embedded Kafka broker",
-		details: "Starts an embedded Kafka broker (the real wire protocol, in memory) on DEV_KAFKA_ADDR with\n" +
-			"the topics and their dead-letter topics created, prints how to produce to it, then runs the\n" +
-			"worker against it until stopped. SMS are only logged unless SMS_PROVIDER_URL is set.",
-		defaults: map[string]string{"LOG_FORMAT": "text"},
-		settings: join([]string{"DEV_KAFKA_ADDR", "KAFKA_GROUP_ID", "KAFKA_SESSION_TIMEOUT"},
-			databaseSettings, workerSettings, []string{"HTTP_ADDR"}, logSettings),
-		run: devCommand,
-	},
-	{
-		name:    "demo",
-		summary: "dev plus a generated stream of messages; prints a summary and exits",
-		details: "Runs the worker against an embedded broker and a generated stream of payment callbacks\n" +
-			"and SMS events with redeliveries, retries and bad messages, then prints a summary read\n" +
-			"from the database and the dead-letter topics. Its orders and tables live in the schema\n" +
-			demoSchema + " of DATABASE_URL, recreated on every run: no other data is touched.\n" +
-			"The broker listens on DEV_KAFKA_ADDR when it is set, else on any free local port.",
-		defaults: map[string]string{"DEV_KAFKA_ADDR": "any free local port", "LOG_FORMAT": "text"},
-		settings: join([]string{"DEV_KAFKA_ADDR", "KAFKA_GROUP_ID"}, databaseSettings,
-			[]string{"TOPIC_PAYMENTS", "TOPIC_SMS", "DLQ_SUFFIX", "SMS_PROVIDER_URL", "SMS_PROVIDER_TOKEN"},
-			logSettings),
-		run: demoCommand,
-	},
-	{
-		name:    "replay",
-		args:    "DLQ_TOPIC",
-		maxArgs: 1,
-		summary: "put dead letters back on their original topic, once their cause is fixed",
-		details: "Reads every partition of DLQ_TOPIC (a topic ending with DLQ_SUFFIX) from its first offset\n" +
-			"to its end offset as of the start, without a consumer group, then the dead letters DLQ_TOPIC\n" +
-			"refused for good (too large for it, not authorised), which the worker kept in the table\n" +
-			"dead_letters of DATABASE_URL, not replayed yet. It produces each dead letter whose\n" +
-			deadletter.HeaderReason + " is --reason (all when unset) to the topic its " + deadletter.HeaderOriginalTopic + "\n" +
-			"header names: the original key, value and headers (Idempotency-Key among them), less the\n" +
-			"dlq-* headers, partitioned by key as producers do. A dead letter without\n" +
-			deadletter.HeaderOriginalTopic + " is skipped with a warning; one naming a dead-letter topic\n" +
-			"stops the command before anything is written. Prints one line per dead letter replayed\n" +
-			"and a summary.\n" +
-			"\n" +
-			"Nothing is deleted: Kafka topics are append-only, so replaying twice puts a message back\n" +
-			"twice (a row of dead_letters is marked replayed, and replayed once). The inbox makes that\n" +
-			"harmless for a message that was applied (its key is skipped as a duplicate); a message that\n" +
-			"fails again is dead-lettered again. Try --dry-run first, and replay only the --reason whose\n" +
-			"cause you fixed.",
-		settings: join([]string{"KAFKA_BROKERS", "KAFKA_SASL_MECHANISM", "KAFKA_USERNAME", "KAFKA_PASSWORD",
-			"KAFKA_TLS", "DLQ_SUFFIX"}, databaseSettings, logSettings, []string{"reason", "dry-run", "limit"}),
-		run: replayCommand,
-	},
-	parkedCommand,
+// commands returns the worker's commands, in the order --help lists them. Each call returns new
+// ones: a command's own flags are bound to values of that call.
+func commands() []*command {
+	return []*command{runCommand(), migrateCommand(), devCommand(), demoCommand(), replayCommand(), parkedCommand()}
 }
 
 // commandNames lists the commands, for errors.
 func commandNames() string {
-	names := make([]string, len(commands))
-	for i, c := range commands {
+	cmds := commands()
+	names := make([]string, len(cmds))
+	for i, c := range cmds {
 		names[i] = c.name
 	}
 	return strings.Join(names, ", ")
@@ -189,8 +109,8 @@ func (a *app) main(ctx context.Context, args []string) error {
 		}
 		return fmt.Errorf("unknown command %q (%s); see worker --help", args[0], commandNames())
 	}
-	cf := newConfigFlags(cmd.name, cmd.selected())
-	positional, err := cf.parse(args[1:])
+	fs := envflag.NewSet(cmd.name, cmd.selected())
+	positional, err := fs.Parse(args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		cmd.usage(a.stdout)
 		return err
@@ -201,7 +121,7 @@ func (a *app) main(ctx context.Context, args []string) error {
 	if len(positional) > cmd.maxArgs {
 		return fmt.Errorf("unexpected argument %q (see worker %s --help)", positional[cmd.maxArgs], cmd.name)
 	}
-	cfg, err := cf.config(a.getenv)
+	cfg, err := resolve(fs, a.getenv)
 	if err != nil {
 		return err
 	}
@@ -215,7 +135,7 @@ func (a *app) main(ctx context.Context, args []string) error {
 }
 
 func findCommand(name string) *command {
-	for _, c := range commands {
+	for _, c := range commands() {
 		if c.name == name {
 			return c
 		}
@@ -223,19 +143,15 @@ func findCommand(name string) *command {
 	return nil
 }
 
-// selected returns the command's settings in the order of the settings table.
+// selected returns the command's settings in the order of the settings table, then its own flags.
 func (c *command) selected() []*setting {
-	want := map[string]bool{}
-	for _, n := range c.settings {
-		want[n] = true
-	}
 	var out []*setting
 	for _, s := range settings {
-		if want[s.env] || (s.envless && want[s.flag]) {
+		if s.Use&c.use != 0 {
 			out = append(out, s)
 		}
 	}
-	return out
+	return append(out, c.flags...)
 }
 
 func usage(w io.Writer) {
@@ -246,8 +162,10 @@ Usage: worker COMMAND [flags]
 
 Commands:
 `)
-	for _, c := range commands {
+	all := settings
+	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+		all = append(all[:len(all):len(all)], c.flags...)
 	}
 	fmt.Fprint(w, `
 Every setting is read from its environment variable; the matching flag, given after the
@@ -255,7 +173,7 @@ command, wins over it. "worker COMMAND --help" lists the flags a command reads.
 
 Flags:
 `)
-	printFlags(w, settings, nil)
+	envflag.PrintHelp(w, all, nil)
 }
 
 func (c *command) usage(w io.Writer) {
@@ -264,28 +182,7 @@ func (c *command) usage(w io.Writer) {
 		fmt.Fprintf(w, " %s", c.args)
 	}
 	fmt.Fprintf(w, "\n\n%s\n\nFlags (each wins over its environment variable):\n", c.details)
-	printFlags(w, c.selected(), c.defaults)
-}
-
-func printFlags(w io.Writer, ss []*setting, defaults map[string]string) {
-	for _, s := range ss {
-		head := "  --" + s.flag
-		if !s.boolean() {
-			head += " " + s.meta
-		}
-		var notes []string
-		if !s.envless {
-			notes = append(notes, "env "+s.env)
-		}
-		if d, ok := defaults[s.env]; ok {
-			notes = append(notes, "default "+d)
-		} else if s.def != "" {
-			notes = append(notes, fmt.Sprintf("default %q", s.def))
-		} else {
-			notes = append(notes, "default unset")
-		}
-		fmt.Fprintf(w, "%s  (%s)\n        %s\n", head, strings.Join(notes, ", "), s.usage)
-	}
+	envflag.PrintHelp(w, c.selected(), c.defaults)
 }
 
 // oneLine keeps an error message on one line.

@@ -9,8 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go/sasl/plain"
-
+	"github.com/inboxworker/inboxworker/internal/envflag"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
 
@@ -163,15 +162,15 @@ var contractDefaults = map[string]string{
 func TestDefaults(t *testing.T) {
 	t.Parallel()
 	for _, s := range settings {
-		if s.envless {
+		if s.Env == "" {
 			continue
 		}
-		want, ok := contractDefaults[s.env]
+		want, ok := contractDefaults[s.Env]
 		if !ok {
-			t.Errorf("%s is not in the contract", s.env)
+			t.Errorf("%s is not in the contract", s.Env)
 		}
-		if s.def != want {
-			t.Errorf("%s defaults to %q, the contract says %q", s.env, s.def, want)
+		if s.Default != want {
+			t.Errorf("%s defaults to %q, the contract says %q", s.Env, s.Default, want)
 		}
 	}
 	cfg := parseConfig(t, nil, "run")
@@ -185,7 +184,7 @@ func TestDefaults(t *testing.T) {
 		HTTPAddr: ":8080", ShutdownTimeout: 30 * time.Second, StartupTimeout: 15 * time.Second,
 		LogLevel: slog.LevelInfo, LogFormat: "json", DevKafkaAddr: "127.0.0.1:9092",
 	}
-	cfg.explicit, cfg.used = nil, nil
+	cfg.resolved, cfg.used = nil, nil
 	if got, want := fmt.Sprintf("%+v", *cfg), fmt.Sprintf("%+v", want); got != want {
 		t.Errorf("defaults:\n got %s\nwant %s", got, want)
 	}
@@ -194,11 +193,11 @@ func TestDefaults(t *testing.T) {
 // parseConfig resolves the configuration of command from env and args as Main would.
 func parseConfig(t *testing.T, env map[string]string, command string, args ...string) *Config {
 	t.Helper()
-	cf := newConfigFlags(command, findCommand(command).selected())
-	if _, err := cf.parse(args); err != nil {
+	fs := envflag.NewSet(command, findCommand(command).selected())
+	if _, err := fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := cf.config(func(k string) string { return env[k] })
+	cfg, err := resolve(fs, func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,14 +241,14 @@ func TestHelp(t *testing.T) {
 		if r.code != 0 || r.stderr != "" {
 			t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
 		}
-		for _, c := range commands {
+		for _, c := range commands() {
 			if !strings.Contains(r.stdout, "  "+c.name+" ") {
 				t.Errorf("--help does not list command %s", c.name)
 			}
 		}
 		checkFlagsListed(t, r.stdout, settings, nil)
 	})
-	for _, c := range commands {
+	for _, c := range commands() {
 		t.Run(strings.ToUpper(c.name[:1])+c.name[1:], func(t *testing.T) {
 			t.Parallel()
 			r := runMain(t, nil, c.name, "--help")
@@ -272,39 +271,19 @@ func checkFlagsListed(t *testing.T, help string, ss []*setting, defaults map[str
 	for _, s := range ss {
 		line := ""
 		for l := range strings.Lines(help) {
-			if strings.HasPrefix(l, "  --"+s.flag+" ") {
+			if strings.HasPrefix(l, "  --"+s.Flag+" ") {
 				line = l
 			}
 		}
 		switch {
 		case line == "":
-			t.Errorf("--%s is not described", s.flag)
-		case !s.envless && !strings.Contains(line, "env "+s.env):
-			t.Errorf("--%s does not name %s: %q", s.flag, s.env, line)
-		case defaults[s.env] != "" && !strings.Contains(line, "default "+defaults[s.env]):
-			t.Errorf("--%s does not give the command's default %q: %q", s.flag, defaults[s.env], line)
-		case defaults[s.env] == "" && s.def != "" && !strings.Contains(line, fmt.Sprintf("default %q", s.def)):
-			t.Errorf("--%s does not give its default %q: %q", s.flag, s.def, line)
-		}
-	}
-}
-
-func TestMaskURL(t *testing.T) {
-	t.Parallel()
-	tests := []struct{ in, want string }{
-		{"postgres://app:s3cret@db:5432/shop?sslmode=require", "postgres://app:xxxxx@db:5432/shop?sslmode=require"},
-		{"postgres://app@db/shop", "postgres://app@db/shop"},
-		{"postgres://db/shop?user=app&password=s3cret", "postgres://db/shop?password=xxxxx&user=app"},
-		{"postgres://app:s3cret@db:bad/shop", "postgres://app:xxxxx@db:bad/shop"},
-		{"postgres://app:s%3cret@db/shop", "postgres://app:xxxxx@db/shop"},
-		{"host=db user=app password=s3cret dbname=shop", "host=db user=app password=xxxxx dbname=shop"},
-		{"host=db password='s3 cret' dbname=shop", "host=db password=xxxxx dbname=shop"},
-		{"https://sms.example/send", "https://sms.example/send"},
-		{"", ""},
-	}
-	for _, tt := range tests {
-		if got := maskURL(tt.in); got != tt.want {
-			t.Errorf("maskURL(%q) = %q, want %q", tt.in, got, tt.want)
+			t.Errorf("--%s is not described", s.Flag)
+		case s.Env != "" && !strings.Contains(line, "env "+s.Env):
+			t.Errorf("--%s does not name %s: %q", s.Flag, s.Env, line)
+		case defaults[s.Env] != "" && !strings.Contains(line, "default "+defaults[s.Env]):
+			t.Errorf("--%s does not give the command's default %q: %q", s.Flag, defaults[s.Env], line)
+		case defaults[s.Env] == "" && s.Default != "" && !strings.Contains(line, fmt.Sprintf("default %q", s.Default)):
+			t.Errorf("--%s does not give its default %q: %q", s.Flag, s.Default, line)
 		}
 	}
 }
@@ -330,33 +309,23 @@ func TestStartupLogMasksSecrets(t *testing.T) {
 	}
 }
 
-func TestKafkaAuth(t *testing.T) {
+// TestEverySettingIsRead checks that every setting of the table is read by a command: a setting
+// no command binds is silently ignored, its variable and its flag alike (LAG_INTERVAL was, while
+// each command listed its settings by name).
+func TestEverySettingIsRead(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		mechanism string
-		tls       bool
-		wantName  string
-	}{
-		{"", false, ""},
-		{"PLAIN", true, "PLAIN"},
-		{"SCRAM-SHA-256", false, "SCRAM-SHA-256"},
-		{"SCRAM-SHA-512", true, "SCRAM-SHA-512"},
+	read := map[*setting]bool{}
+	for _, c := range commands() {
+		for _, s := range c.selected() {
+			read[s] = true
+		}
 	}
-	for _, tt := range tests {
-		cfg := &Config{KafkaSASLMechanism: tt.mechanism, KafkaUsername: "u", KafkaPassword: "p", KafkaTLS: tt.tls}
-		mechanism, tlsConfig, err := kafkaAuth(cfg)
-		if err != nil {
-			t.Fatalf("%s: %v", tt.mechanism, err)
+	for _, s := range settings {
+		if !read[s] {
+			t.Errorf("no command reads %s (--%s)", s.Env, s.Flag)
 		}
-		name := ""
-		if mechanism != nil {
-			name = mechanism.Name()
-		}
-		if name != tt.wantName || (tlsConfig != nil) != tt.tls {
-			t.Errorf("%q: got mechanism %q and TLS %v", tt.mechanism, name, tlsConfig != nil)
-		}
-		if p, ok := mechanism.(plain.Mechanism); ok && (p.Username != "u" || p.Password != "p") {
-			t.Errorf("PLAIN credentials not passed: %+v", p)
-		}
+	}
+	if cfg := parseConfig(t, map[string]string{"LAG_INTERVAL": "100ms"}, "run"); cfg.LagInterval != 100*time.Millisecond {
+		t.Errorf("worker run: LAG_INTERVAL=100ms gives %s", cfg.LagInterval)
 	}
 }

@@ -1,67 +1,70 @@
 package cli
 
 import (
-	"cmp"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"maps"
-	"slices"
-	"strings"
-	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/segmentio/kafka-go"
-
-	"github.com/inboxworker/inboxworker/internal/deadletter"
+	"github.com/inboxworker/inboxworker/internal/demo"
+	"github.com/inboxworker/inboxworker/internal/devbroker"
+	"github.com/inboxworker/inboxworker/internal/startup"
 )
 
-// demoSchema holds the demo's tables and orders. It is dropped and recreated on every run.
-const demoSchema = "inboxworker_demo"
+func demoCommand() *command {
+	return &command{
+		name:    "demo",
+		summary: "dev plus a generated stream of messages; prints a summary and exits",
+		details: "Runs the worker against an embedded broker and a generated stream of payment callbacks\n" +
+			"and SMS events with redeliveries, retries and bad messages, then prints a summary read\n" +
+			"from the database and the dead-letter topics. Its orders and tables live in the schema\n" +
+			demo.Schema + " of DATABASE_URL, recreated on every run: no other data is touched.\n" +
+			"The broker listens on DEV_KAFKA_ADDR when it is set, else on any free local port.",
+		defaults: map[string]string{"DEV_KAFKA_ADDR": "any free local port", "LOG_FORMAT": "text"},
+		use:      useDemo,
+		run:      runDemo,
+	}
+}
 
-// demoTimeout bounds the whole demo: it finishes in seconds, so a minute means something is wrong.
-const demoTimeout = time.Minute
-
-// demoLateOrder is the order the demo creates only once the worker has retried its callback.
-const demoLateOrder = "DEMO-1005"
-
-// demoCommand is `worker demo`.
-func demoCommand(ctx context.Context, a *app, cfg *Config, _ []string) error {
-	ctx, cancel := context.WithTimeout(ctx, demoTimeout)
+// runDemo is `worker demo`: it wires the embedded broker, the worker and the demo's schema, and
+// lets package demo play its scenario against them.
+func runDemo(ctx context.Context, a *app, cfg *Config, _ []string) error {
+	ctx, cancel := context.WithTimeout(ctx, demo.Timeout)
 	defer cancel()
-	if !cfg.explicit["LOG_FORMAT"] {
-		cfg.LogFormat = "text" // the demo is watched by a person
+	if !cfg.explicit("LOG_FORMAT") {
+		_ = cfg.override("LOG_FORMAT", "text") // the demo is watched by a person
 	}
 	logger := newLogger(cfg, a.stderr)
 
 	addr := "127.0.0.1:0"
-	if cfg.explicit["DEV_KAFKA_ADDR"] {
+	if cfg.explicit("DEV_KAFKA_ADDR") {
 		addr = cfg.DevKafkaAddr
 	}
-	broker, err := startDevBroker(ctx, cfg, addr, logger)
+	broker, err := devbroker.Start(ctx, addr, topics(cfg), cfg.DLQSuffix, logger)
 	if err != nil {
 		return err
 	}
 	defer broker.Close()
-	cfg.KafkaBrokers, cfg.DevKafkaAddr = []string{broker.addr}, broker.addr // the address bound, for the startup line
+	// The address bound, for the worker and the startup line.
+	if err := cfg.override("KAFKA_BROKERS", broker.Addr); err != nil {
+		return err
+	}
+	if err := cfg.override("DEV_KAFKA_ADDR", broker.Addr); err != nil {
+		return err
+	}
 	logStart(ctx, logger, "demo", cfg)
 
-	pool, err := openDatabase(ctx, cfg, logger, demoSchema)
+	pool, err := startup.OpenPostgres(ctx, postgres(cfg, logger, demo.Schema))
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := resetDemoSchema(ctx, pool); err != nil {
+	if err := demo.ResetSchema(ctx, pool); err != nil {
 		return err
 	}
-	w, err := newWorker(ctx, cfg, logger, workerOptions{schema: demoSchema, migrate: true})
+	w, err := newWorker(ctx, cfg, logger, workerOptions{schema: demo.Schema, migrate: true})
 	if err != nil {
 		return err
 	}
-	if err := createDemoOrders(ctx, pool); err != nil {
+	if err := demo.CreateOrders(ctx, pool); err != nil {
 		w.close()
 		return err
 	}
@@ -71,9 +74,11 @@ func demoCommand(ctx context.Context, a *app, cfg *Config, _ []string) error {
 	stopped := make(chan error, 1)
 	go func() { stopped <- w.run(workerCtx) }()
 
-	fmt.Fprintf(a.stdout, "Demo: embedded Kafka broker on %s, Postgres schema %s (recreated).\n", broker.addr, demoSchema)
-	stream := demoStream(cfg)
-	outcomes, err := runDemo(ctx, cfg, broker.addr, pool, w.registry, stream, a.stdout)
+	fmt.Fprintf(a.stdout, "Demo: embedded Kafka broker on %s, Postgres schema %s (recreated).\n", broker.Addr, demo.Schema)
+	scenario := demo.Config{Broker: broker.Addr, Partitions: devbroker.Partitions, GroupID: cfg.KafkaGroupID,
+		TopicPayments: cfg.TopicPayments, TopicSMS: cfg.TopicSMS, DLQSuffix: cfg.DLQSuffix,
+		PaymentsInbox: paymentsInbox, Pool: pool, Metrics: w.registry, Out: a.stdout}
+	outcomes, err := demo.Play(ctx, scenario)
 	stopWorker()
 	if stopErr := <-stopped; err == nil {
 		err = stopErr
@@ -81,456 +86,8 @@ func demoCommand(ctx context.Context, a *app, cfg *Config, _ []string) error {
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
-
-	sum, err := readSummary(ctx, cfg, broker.addr, pool)
-	if err != nil {
+	if err := demo.Report(ctx, scenario, outcomes); err != nil {
 		return fmt.Errorf("demo: summary: %w", err)
 	}
-	sum.outcomes = outcomes
-	sum.print(a.stdout, cfg)
 	return nil
-}
-
-// runDemo produces the stream, creates the late order once the worker has retried its callback,
-// and waits until the consumer group has committed every message.
-// It returns the consumer's message counts by topic and outcome.
-func runDemo(ctx context.Context, cfg *Config, addr string, pool *pgxpool.Pool, reg *prometheus.Registry,
-	stream []demoMessage, out io.Writer) (map[string]float64, error) {
-	client, closeClient := localClient(addr)
-	defer closeClient()
-
-	fmt.Fprintf(out, "Producing %d messages: payment callbacks and SMS events, with redeliveries and bad messages.\n", len(stream))
-	if err := produce(ctx, addr, stream); err != nil {
-		return nil, err
-	}
-
-	// The callback for the late order is retried until its order exists: create it once a retry
-	// has been seen, as an order service that commits a moment after its payment starts would.
-	if err := poll(ctx, func() (bool, error) { return counterSum(reg, "inboxworker_retries_total") > 0, nil }); err != nil {
-		return nil, fmt.Errorf("waiting for the worker to retry the callback of %s: %w", demoLateOrder, err)
-	}
-	if _, err := pool.Exec(ctx, `INSERT INTO orders (order_no, user_id, amount, currency, status)
-		VALUES ($1, 'u-5', 88.00, 'CNY', 'PENDING')`, demoLateOrder); err != nil {
-		return nil, fmt.Errorf("create order %s: %w", demoLateOrder, err)
-	}
-	fmt.Fprintf(out, "Order %s created after its callback arrived; the worker's retry applies it.\n", demoLateOrder)
-
-	err := poll(ctx, func() (bool, error) {
-		return caughtUp(ctx, client, cfg.KafkaGroupID, []string{cfg.TopicPayments, cfg.TopicSMS})
-	})
-	if err != nil {
-		return nil, fmt.Errorf("waiting for the worker to commit every message: %w", err)
-	}
-	return counterByLabels(reg, "inboxworker_messages_total", "topic", "outcome"), nil
-}
-
-// A demoMessage is one message of the generated stream, with what should become of it.
-type demoMessage struct {
-	topic   string
-	key     string // Kafka message key: the order number or the phone number
-	idemKey string // Idempotency-Key header, when set
-	value   string
-}
-
-// demoStream is the generated stream: every row of the contract's payment table, redeliveries, a
-// provider resend, bad messages; SMS with redeliveries and a bad number.
-func demoStream(cfg *Config) []demoMessage {
-	pay := func(orderNo, key, txn, amount, result string) demoMessage {
-		v, _ := json.Marshal(map[string]string{
-			"event_id": key, "order_no": orderNo, "provider": "alipay", "provider_txn_id": txn,
-			"amount": amount, "currency": "CNY", "result": result, "paid_at": "2025-06-01T12:00:00Z",
-		})
-		return demoMessage{topic: cfg.TopicPayments, key: orderNo, idemKey: key, value: string(v)}
-	}
-	sms := func(key, phone, template string, params map[string]string) demoMessage {
-		v, _ := json.Marshal(map[string]any{"event_id": key, "phone": phone, "template": template, "params": params})
-		// The key travels in the body's event_id only: the worker falls back to it.
-		return demoMessage{topic: cfg.TopicSMS, key: phone, value: string(v)}
-	}
-	paid := pay("DEMO-1001", "pay-1001-a", "T-1001", "99.90", "SUCCESS")
-	resendOf1002 := pay("DEMO-1002", "pay-1002-b", "T-1002", "45.00", "SUCCESS")
-	reused := pay("DEMO-1002", "pay-1002-a", "T-1002", "54.00", "SUCCESS")
-	code := sms("sms-1", "+8613800138000", "verify_code", map[string]string{"code": "123456"})
-	shipped := sms("sms-2", "+8613900139000", "order_shipped", map[string]string{"order_no": "DEMO-1001"})
-	return []demoMessage{
-		paid, paid, paid, // applied once, then two redeliveries
-		pay("DEMO-1002", "pay-1002-a", "T-1002", "45.00", "SUCCESS"),
-		resendOf1002, // the provider resends T-1002 under a new key: duplicate
-		reused,       // a known key with another payload: dead-lettered
-		pay("DEMO-1003", "pay-1003-a", "T-1003", "20.00", "SUCCESS"),   // a cancelled order: paid_after_cancel
-		pay("DEMO-1004", "pay-1004-a", "T-1004", "100.00", "SUCCESS"),  // expected 10.00: amount_mismatch
-		pay(demoLateOrder, "pay-1005-a", "T-1005", "88.00", "SUCCESS"), // the order does not exist yet
-		pay("DEMO-1006", "pay-1006-a", "T-1006", "15.50", "FAILED"),    // a failed payment is recorded
-		pay("DEMO-1001", "pay-1001-b", "T-1001-X", "99.90", "SUCCESS"), // paid twice: duplicate_payment
-		{topic: cfg.TopicPayments, key: "DEMO-1007", idemKey: "pay-1007-a", value: `{"event_id":"pay-1007-a","order_no":`},
-		{topic: cfg.TopicPayments, key: "DEMO-1008", value: `{"order_no":"DEMO-1008","result":"SUCCESS"}`},
-		code, code, code,
-		shipped, shipped,
-		sms("sms-3", "13800138000", "verify_code", map[string]string{"code": "654321"}), // not E.164
-		sms("sms-4", "+14155550123", "verify_code", map[string]string{"code": "111222"}),
-	}
-}
-
-func resetDemoSchema(ctx context.Context, pool *pgxpool.Pool) error {
-	_, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+demoSchema+" CASCADE; CREATE SCHEMA "+demoSchema)
-	if err != nil {
-		return fmt.Errorf("demo: recreate schema %s: %w", demoSchema, err)
-	}
-	return nil
-}
-
-func createDemoOrders(ctx context.Context, pool *pgxpool.Pool) error {
-	_, err := pool.Exec(ctx, `INSERT INTO orders (order_no, user_id, amount, currency, status) VALUES
-		('DEMO-1001', 'u-1', 99.90, 'CNY', 'PENDING'),
-		('DEMO-1002', 'u-2', 45.00, 'CNY', 'PENDING'),
-		('DEMO-1003', 'u-3', 20.00, 'CNY', 'CANCELLED'),
-		('DEMO-1004', 'u-4', 10.00, 'CNY', 'PENDING'),
-		('DEMO-1006', 'u-6', 15.50, 'CNY', 'PENDING')`)
-	if err != nil {
-		return fmt.Errorf("demo: create orders: %w", err)
-	}
-	return nil
-}
-
-func produce(ctx context.Context, addr string, stream []demoMessage) error {
-	transport := &kafka.Transport{ClientID: "inboxworker-demo"}
-	defer transport.CloseIdleConnections()
-	w := &kafka.Writer{
-		Addr:         kafka.TCP(addr),
-		Transport:    transport,
-		Balancer:     &kafka.Hash{},
-		RequiredAcks: kafka.RequireAll,
-		BatchSize:    len(stream),
-		BatchTimeout: time.Millisecond,
-	}
-	defer w.Close()
-	msgs := make([]kafka.Message, len(stream))
-	for i, m := range stream {
-		msgs[i] = kafka.Message{Topic: m.topic, Key: []byte(m.key), Value: []byte(m.value)}
-		if m.idemKey != "" {
-			msgs[i].Headers = []kafka.Header{{Key: "Idempotency-Key", Value: []byte(m.idemKey)}}
-		}
-	}
-	if err := w.WriteMessages(ctx, msgs...); err != nil {
-		return fmt.Errorf("produce: %w", err)
-	}
-	return nil
-}
-
-// poll calls done every 50ms until it reports true, fails or ctx ends.
-func poll(ctx context.Context, done func() (bool, error)) error {
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		ok, err := done()
-		if err != nil || ok {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-tick.C:
-		}
-	}
-}
-
-// counterSum returns the sum of every series of the named counter in reg.
-func counterSum(reg prometheus.Gatherer, name string) float64 {
-	families, err := reg.Gather()
-	if err != nil {
-		return 0
-	}
-	var sum float64
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			sum += m.GetCounter().GetValue()
-		}
-	}
-	return sum
-}
-
-// counterByLabels returns the named counter's values keyed by the given labels' values, joined by "/".
-func counterByLabels(reg prometheus.Gatherer, name string, labels ...string) map[string]float64 {
-	out := map[string]float64{}
-	families, err := reg.Gather()
-	if err != nil {
-		return out
-	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			var key []string
-			for _, l := range labels {
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == l {
-						key = append(key, lp.GetValue())
-					}
-				}
-			}
-			out[strings.Join(key, "/")] += m.GetCounter().GetValue()
-		}
-	}
-	return out
-}
-
-// endOffsets returns the end offset of every partition of topics.
-func endOffsets(ctx context.Context, client *kafka.Client, topics []string) (map[string]map[int]int64, error) {
-	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
-	for _, t := range topics {
-		for p := range devPartitions {
-			req.Topics[t] = append(req.Topics[t], kafka.LastOffsetOf(p))
-		}
-	}
-	resp, err := client.ListOffsets(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]map[int]int64{}
-	for t, parts := range resp.Topics {
-		out[t] = map[int]int64{}
-		for _, p := range parts {
-			if p.Error != nil {
-				return nil, p.Error
-			}
-			out[t][p.Partition] = p.LastOffset
-		}
-	}
-	return out, nil
-}
-
-// caughtUp reports whether group has committed the end offset of every partition of topics.
-func caughtUp(ctx context.Context, client *kafka.Client, group string, topics []string) (bool, error) {
-	ends, err := endOffsets(ctx, client, topics)
-	if err != nil {
-		return false, err
-	}
-	req := &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{}}
-	for _, t := range topics {
-		req.Topics[t] = slices.Collect(maps.Keys(ends[t]))
-	}
-	resp, err := client.OffsetFetch(ctx, req)
-	if err == nil {
-		err = resp.Error
-	}
-	if err != nil {
-		return false, err
-	}
-	for _, t := range topics {
-		committed := map[int]int64{}
-		for _, p := range resp.Topics[t] {
-			committed[p.Partition] = p.CommittedOffset
-		}
-		for p, end := range ends[t] {
-			if end > 0 && committed[p] < end {
-				return false, nil
-			}
-		}
-	}
-	return true, nil
-}
-
-// deadLetterReasons reads every message of the dead-letter topic, and the dead letters it refused,
-// which the worker kept in the table dead_letters, and counts them by their reason.
-func deadLetterReasons(ctx context.Context, client *kafka.Client, pool *pgxpool.Pool, topic string) (map[string]int, error) {
-	ends, err := endOffsets(ctx, client, []string{topic})
-	if err != nil {
-		return nil, err
-	}
-	reasons := map[string]int{}
-	err = deadletter.NewStore(pool).Pending(ctx, topic, func(d deadletter.Stored) (bool, error) {
-		reasons[string(d.Letter.Reason)]++
-		return true, nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	for p, end := range ends[topic] {
-		for offset := int64(0); offset < end; {
-			resp, err := client.Fetch(ctx, &kafka.FetchRequest{Topic: topic, Partition: p, Offset: offset,
-				MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond})
-			if err == nil {
-				err = resp.Error
-			}
-			if err != nil {
-				return nil, fmt.Errorf("read %s/%d: %w", topic, p, err)
-			}
-			for {
-				r, err := resp.Records.ReadRecord()
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				if err != nil {
-					return nil, fmt.Errorf("read %s/%d: %w", topic, p, err)
-				}
-				letter, _ := deadletter.Read(r.Headers)
-				reasons[cmp.Or(string(letter.Reason), "(no "+deadletter.HeaderReason+")")]++
-				offset = r.Offset + 1
-			}
-		}
-	}
-	return reasons, nil
-}
-
-// summary is what the demo reports, read from the database and the dead-letter topics.
-type summary struct {
-	received     map[string]int // by topic
-	applied      map[string]int
-	deadLettered map[string]map[string]int // by topic, then reason
-	anomalies    map[string]int            // by kind
-	smsSent      int
-	orders       [][2]string // order number, status
-	// outcomes are the consumer's own counts, by "topic/outcome", to check the summary against.
-	outcomes map[string]float64
-}
-
-func (s *summary) total(m map[string]int) int {
-	n := 0
-	for _, v := range m {
-		n += v
-	}
-	return n
-}
-
-func readSummary(ctx context.Context, cfg *Config, addr string, pool *pgxpool.Pool) (*summary, error) {
-	client, closeClient := localClient(addr)
-	defer closeClient()
-	s := &summary{received: map[string]int{}, applied: map[string]int{}, deadLettered: map[string]map[string]int{},
-		anomalies: map[string]int{}}
-
-	ends, err := endOffsets(ctx, client, []string{cfg.TopicPayments, cfg.TopicSMS})
-	if err != nil {
-		return nil, err
-	}
-	for t, parts := range ends {
-		for _, end := range parts {
-			s.received[t] += int(end)
-		}
-	}
-	for _, t := range []string{cfg.TopicPayments, cfg.TopicSMS} {
-		if s.deadLettered[t], err = deadLetterReasons(ctx, client, pool, t+cfg.DLQSuffix); err != nil {
-			return nil, err
-		}
-	}
-
-	// An applied callback leaves exactly one row: a payment (the order paid, or a failed payment
-	// recorded) or an anomaly, each naming the idempotency key it was applied under.
-	var payments int
-	err = pool.QueryRow(ctx, `
-		SELECT count(*) FROM inbox WHERE handler = $1 AND idempotency_key IN (
-			SELECT idempotency_key FROM payments
-			UNION SELECT detail->>'idempotency_key' FROM payment_anomalies)`, paymentsHandler).Scan(&payments)
-	if err != nil {
-		return nil, err
-	}
-	s.applied[cfg.TopicPayments] = payments
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM notifications WHERE status = 'SENT'`).Scan(&s.smsSent); err != nil {
-		return nil, err
-	}
-	s.applied[cfg.TopicSMS] = s.smsSent
-
-	rows, err := pool.Query(ctx, `SELECT kind, count(*) FROM payment_anomalies GROUP BY kind`)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
-		var kind string
-		var n int
-		if err := rows.Scan(&kind, &n); err != nil {
-			return nil, err
-		}
-		s.anomalies[kind] = n
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	rows, err = pool.Query(ctx, `SELECT order_no, status FROM orders ORDER BY order_no`)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
-		var o [2]string
-		if err := rows.Scan(&o[0], &o[1]); err != nil {
-			return nil, err
-		}
-		s.orders = append(s.orders, o)
-	}
-	return s, rows.Err()
-}
-
-func (s *summary) print(w io.Writer, cfg *Config) {
-	fmt.Fprintf(w, "\nSummary (from the database and the dead-letter topics):\n\n")
-	header := []string{"topic", "received", "applied", "duplicates skipped", "anomalies", "dead-lettered", "SMS sent"}
-	rows := [][]string{header}
-	for _, t := range []string{cfg.TopicPayments, cfg.TopicSMS} {
-		dead := s.total(s.deadLettered[t])
-		anomalies, sent := "-", "-"
-		if t == cfg.TopicPayments {
-			anomalies = fmt.Sprint(s.total(s.anomalies))
-		} else {
-			sent = fmt.Sprint(s.smsSent)
-		}
-		rows = append(rows, []string{t, fmt.Sprint(s.received[t]), fmt.Sprint(s.applied[t]),
-			fmt.Sprint(s.received[t] - s.applied[t] - dead), anomalies, fmt.Sprint(dead), sent})
-	}
-	printTable(w, rows)
-	fmt.Fprintf(w, "\nAnomalies (refunds to review): %s\n", countList(s.anomalies))
-	for _, t := range []string{cfg.TopicPayments, cfg.TopicSMS} {
-		fmt.Fprintf(w, "Dead letters in %s: %s\n", t+cfg.DLQSuffix, countList(s.deadLettered[t]))
-	}
-	var differ []string
-	for _, t := range []string{cfg.TopicPayments, cfg.TopicSMS} {
-		dead := s.total(s.deadLettered[t])
-		want := map[string]int{"applied": s.applied[t], "duplicate": s.received[t] - s.applied[t] - dead,
-			"dead_lettered": dead}
-		for _, outcome := range []string{"applied", "duplicate", "dead_lettered"} {
-			if got := int(s.outcomes[t+"/"+outcome]); got != want[outcome] {
-				differ = append(differ, fmt.Sprintf("%s %s %d", t, outcome, got))
-			}
-		}
-	}
-	if len(differ) == 0 {
-		fmt.Fprintln(w, "The consumer's metrics (inboxworker_messages_total) agree with these counts.")
-	} else {
-		fmt.Fprintf(w, "The consumer's metrics differ from these counts: %s\n", strings.Join(differ, ", "))
-	}
-	var orders []string
-	for _, o := range s.orders {
-		orders = append(orders, o[0]+" "+o[1])
-	}
-	fmt.Fprintf(w, "Orders: %s\n", strings.Join(orders, ", "))
-	fmt.Fprintf(w, "\nThe tables are kept in schema %s until the next run, e.g.:\n"+
-		"  psql \"$DATABASE_URL\" -c 'SET search_path = %s' -c 'SELECT * FROM payment_anomalies'\n", demoSchema, demoSchema)
-}
-
-// printTable prints rows in columns: the first left-aligned, the others right-aligned.
-func printTable(w io.Writer, rows [][]string) {
-	widths := make([]int, len(rows[0]))
-	for _, r := range rows {
-		for i, cell := range r {
-			widths[i] = max(widths[i], len(cell))
-		}
-	}
-	for _, r := range rows {
-		line := fmt.Sprintf("  %-*s", widths[0], r[0])
-		for i, cell := range r[1:] {
-			line += fmt.Sprintf("  %*s", widths[i+1], cell)
-		}
-		fmt.Fprintln(w, line)
-	}
-}
-
-func countList(m map[string]int) string {
-	if len(m) == 0 {
-		return "none"
-	}
-	var parts []string
-	for _, k := range slices.Sorted(maps.Keys(m)) {
-		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
-	}
-	return strings.Join(parts, ", ")
 }

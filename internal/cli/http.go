@@ -29,7 +29,7 @@ type opsServer struct {
 func listenOps(addr string, reg *prometheus.Registry, ready readyCheck, logger *slog.Logger) (*opsServer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, &settingError{name: "HTTP_ADDR", err: err}
+		return nil, &settingError{Name: "HTTP_ADDR", Err: err}
 	}
 	s := &opsServer{listener: ln, logger: logger}
 	mux := http.NewServeMux()

@@ -5,16 +5,30 @@ import (
 	"fmt"
 	"text/tabwriter"
 
+	"github.com/inboxworker/inboxworker/internal/startup"
 	"github.com/inboxworker/inboxworker/migrations"
 )
 
-// migrateCommand is `worker migrate [status]`.
-func migrateCommand(ctx context.Context, a *app, cfg *Config, args []string) error {
+func migrateCommand() *command {
+	return &command{
+		name:    "migrate",
+		args:    "[status]",
+		maxArgs: 1,
+		summary: "apply pending migrations and exit; `migrate status` lists them",
+		details: "Applies pending migrations to DATABASE_URL and exits. With `status`, lists every\n" +
+			"migration and whether it has been applied, and changes nothing.",
+		use: useMigrate,
+		run: migrate,
+	}
+}
+
+// migrate is `worker migrate [status]`.
+func migrate(ctx context.Context, a *app, cfg *Config, args []string) error {
 	if len(args) == 1 && args[0] != "status" {
 		return fmt.Errorf("unknown migrate subcommand %q (want: worker migrate, or worker migrate status)", args[0])
 	}
 	logger := newLogger(cfg, a.stderr)
-	pool, err := openDatabase(ctx, cfg, logger, "")
+	pool, err := startup.OpenPostgres(ctx, postgres(cfg, logger, ""))
 	if err != nil {
 		return err
 	}

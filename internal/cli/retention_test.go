@@ -12,7 +12,9 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/internal/devbroker"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
+	"github.com/inboxworker/inboxworker/internal/startup"
 )
 
 // TestSettleRetention checks the inbox retentions the worker settles at start against topics with
@@ -116,7 +118,7 @@ func TestSettleRetention(t *testing.T) {
 				switch m["msg"] {
 				case "inbox retention":
 					info[setting] = line{m["inbox_retention"].(string), m["topic_retention"].(string), m["source"].(string)}
-				case retentionWarning:
+				case startup.RetentionWarning:
 					warned = append(warned, setting)
 				}
 			}
@@ -135,7 +137,7 @@ func TestSettleRetention(t *testing.T) {
 // createTopics creates topics, one partition each, with their configuration.
 func createTopics(t *testing.T, addr string, topics map[string]map[string]string) {
 	t.Helper()
-	client, closeClient := localClient(addr)
+	client, closeClient := devbroker.Client(addr)
 	defer closeClient()
 	req := &kafka.CreateTopicsRequest{}
 	for name, configs := range topics {

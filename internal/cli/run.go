@@ -17,33 +17,84 @@ import (
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/payment"
+	"github.com/inboxworker/inboxworker/internal/redact"
+	"github.com/inboxworker/inboxworker/internal/startup"
 	"github.com/inboxworker/inboxworker/migrations"
 )
 
-// The handlers' names in the inbox: idempotency keys are unique per name.
-const (
-	paymentsHandler = "payments"
-	smsHandler      = "sms"
-)
-
-// purgeInterval is how often expired idempotency keys are deleted.
-const purgeInterval = 10 * time.Minute
-
-// runCommand is `worker run`.
-func runCommand(ctx context.Context, a *app, cfg *Config, _ []string) error {
-	logger := newLogger(cfg, a.stderr)
-	logStart(ctx, logger, "run", cfg)
-	w, err := newWorker(ctx, cfg, logger, workerOptions{migrate: !cfg.NoMigrate, serveHTTP: true})
-	if err != nil {
-		return err
+func runCommand() *command {
+	return &command{
+		name:    "run",
+		summary: "apply pending migrations, then consume until SIGTERM/SIGINT",
+		details: "Applies pending migrations (unless --no-migrate), joins the consumer group and consumes\n" +
+			"until SIGTERM or SIGINT, then stops fetching, lets in-flight messages finish within\n" +
+			"SHUTDOWN_TIMEOUT, commits their offsets and exits 0. Serves /healthz, /readyz and /metrics\n" +
+			"on HTTP_ADDR and purges expired idempotency keys in the background.",
+		use: useRun,
+		run: func(ctx context.Context, a *app, cfg *Config, _ []string) error {
+			logger := newLogger(cfg, a.stderr)
+			logStart(ctx, logger, "run", cfg)
+			w, err := newWorker(ctx, cfg, logger, workerOptions{migrate: !cfg.NoMigrate, serveHTTP: true})
+			if err != nil {
+				return err
+			}
+			return w.run(ctx)
+		},
 	}
-	return w.run(ctx)
 }
 
 // logStart writes the startup line: the command and its effective configuration, secrets masked.
 func logStart(ctx context.Context, logger *slog.Logger, command string, cfg *Config) {
 	logger.LogAttrs(ctx, slog.LevelInfo, "starting", slog.String("command", command),
-		slog.Attr{Key: "config", Value: slog.GroupValue(cfg.masked(cfg.used)...)})
+		slog.Attr{Key: "config", Value: slog.GroupValue(cfg.startupAttrs()...)})
+}
+
+// A route is one consumed topic and all that is wired to it, in one place: its inbox name (keys
+// are unique per name), how long its keys are remembered and the setting that says so, and how its
+// handler is built.
+type route struct {
+	topic string
+	inbox string
+	// retention is the setting's field: 0 when unset, until checkKafka settles it from the topic.
+	retention        *time.Duration
+	retentionSetting string
+	// concurrency is the most of its transactions (or calls) at once, across partitions.
+	concurrency int
+	handler     func(cfg *Config, logger *slog.Logger) (any, error) // a consumer.Handler or CallHandler
+}
+
+// paymentsInbox is the inbox name of the payment callbacks, which the demo's summary reads.
+const paymentsInbox = "payments"
+
+// routes are the worker's routes.
+func routes(cfg *Config) []route {
+	return []route{
+		{topic: cfg.TopicPayments, inbox: paymentsInbox,
+			retention: &cfg.InboxRetentionPayments, retentionSetting: "INBOX_RETENTION_PAYMENTS",
+			concurrency: cfg.PaymentsConcurrency,
+			handler: func(_ *Config, logger *slog.Logger) (any, error) {
+				return payment.NewHandler(payment.Config{Logger: logger})
+			}},
+		{topic: cfg.TopicSMS, inbox: "sms",
+			retention: &cfg.InboxRetentionSMS, retentionSetting: "INBOX_RETENTION_SMS",
+			concurrency: cfg.SMSConcurrency,
+			handler: func(cfg *Config, logger *slog.Logger) (any, error) {
+				sender, err := smsSender(cfg, logger)
+				if err != nil {
+					return nil, err
+				}
+				return notify.NewHandler(notify.Config{Sender: sender, Logger: logger})
+			}},
+	}
+}
+
+// topics are the routes' topics.
+func topics(cfg *Config) []string {
+	var out []string
+	for _, r := range routes(cfg) {
+		out = append(out, r.topic)
+	}
+	return out
 }
 
 type workerOptions struct {
@@ -98,7 +149,7 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 		}
 	}
 
-	if w.pool, err = openDatabase(ctx, cfg, logger, opts.schema); err != nil {
+	if w.pool, err = startup.OpenPostgres(ctx, postgres(cfg, logger, opts.schema)); err != nil {
 		return nil, err
 	}
 	if opts.migrate {
@@ -106,44 +157,59 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 			return nil, err
 		}
 	}
+	if err := w.wire(ctx); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// checkKafka waits up to STARTUP_TIMEOUT for the brokers, warns about the routes' topics that do
+// not exist, and settles the routes' inbox retentions against their topics' (in cfg).
+func checkKafka(ctx context.Context, cfg *Config, logger *slog.Logger) error {
+	rs := routes(cfg)
+	topics := make([]startup.Topic, len(rs))
+	for i, r := range rs {
+		topics[i] = startup.Topic{Name: r.topic, InboxRetention: *r.retention, RetentionSetting: r.retentionSetting}
+	}
+	if err := startup.CheckKafka(ctx, kafkaOf(cfg, logger), topics); err != nil {
+		return err
+	}
+	for i, r := range rs {
+		*r.retention = topics[i].InboxRetention
+	}
+	return nil
+}
+
+// wire checks the routes' topics, then builds the inbox, the handlers and the consumer.
+func (w *worker) wire(ctx context.Context) error {
+	cfg, logger := w.cfg, w.logger
 	if err := checkKafka(ctx, cfg, logger); err != nil {
-		return nil, err
+		return err
 	}
-
-	w.store, err = inbox.NewStore(w.pool, inbox.Config{
-		Retention: map[string]time.Duration{
-			paymentsHandler: cfg.InboxRetentionPayments,
-			smsHandler:      cfg.InboxRetentionSMS,
-		},
-		Logger: logger,
-	})
-	if err != nil {
-		return nil, err
+	retention := map[string]time.Duration{}
+	var consumed []consumer.Route
+	for _, r := range routes(cfg) {
+		h, err := r.handler(cfg, logger)
+		if err != nil {
+			return err
+		}
+		retention[r.inbox] = *r.retention
+		consumed = append(consumed, consumer.Route{Topic: r.topic, Name: r.inbox, Handler: h,
+			Concurrency: r.concurrency})
 	}
-	payments, err := payment.NewHandler(payment.Config{Logger: logger})
+	var err error
+	w.store, err = inbox.NewStore(w.pool, inbox.Config{Retention: retention, Logger: logger})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	sender, err := smsSender(cfg, logger)
+	mechanism, tlsConfig, err := kafkaOf(cfg, logger).Auth()
 	if err != nil {
-		return nil, err
-	}
-	sms, err := notify.NewHandler(notify.Config{Sender: sender, Logger: logger})
-	if err != nil {
-		return nil, err
-	}
-
-	mechanism, tlsConfig, err := kafkaAuth(cfg)
-	if err != nil {
-		return nil, err
+		return err
 	}
 	w.consumer, err = consumer.New(consumer.Config{
-		Brokers: cfg.KafkaBrokers,
-		GroupID: cfg.KafkaGroupID,
-		Routes: []consumer.Route{
-			{Topic: cfg.TopicPayments, Name: paymentsHandler, Handler: payments, Concurrency: cfg.PaymentsConcurrency},
-			{Topic: cfg.TopicSMS, Name: smsHandler, Handler: sms, Concurrency: cfg.SMSConcurrency},
-		},
+		Brokers:        cfg.KafkaBrokers,
+		GroupID:        cfg.KafkaGroupID,
+		Routes:         consumed,
 		SASL:           mechanism,
 		TLS:            tlsConfig,
 		SessionTimeout: cfg.KafkaSessionTimeout,
@@ -165,11 +231,7 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 		Metrics:         w.metrics,
 		Logger:          logger,
 	})
-	if err != nil {
-		return nil, err
-	}
-
-	return w, nil
+	return err
 }
 
 // ordering is ORDERING's value for the consumer.
@@ -178,6 +240,18 @@ func ordering(v string) consumer.Ordering {
 		return consumer.ByPartition
 	}
 	return consumer.ByKey
+}
+
+// postgres is where the commands find the database.
+func postgres(cfg *Config, logger *slog.Logger, schema string) startup.Postgres {
+	return startup.Postgres{URL: cfg.DatabaseURL, Schema: schema, Timeout: cfg.StartupTimeout, Logger: logger}
+}
+
+// kafkaOf is where the commands find the brokers.
+func kafkaOf(cfg *Config, logger *slog.Logger) startup.Kafka {
+	return startup.Kafka{Brokers: cfg.KafkaBrokers, SASLMechanism: cfg.KafkaSASLMechanism,
+		Username: cfg.KafkaUsername, Password: cfg.KafkaPassword, TLS: cfg.KafkaTLS,
+		Timeout: cfg.StartupTimeout, Logger: logger}
 }
 
 // drainTimeout is the part of SHUTDOWN_TIMEOUT given to in-flight messages; the rest is left to
@@ -189,16 +263,31 @@ func drainTimeout(shutdown time.Duration) time.Duration {
 
 // smsSender is the HTTP gateway of SMS_PROVIDER_URL, or a sender that only logs when it is unset.
 func smsSender(cfg *Config, logger *slog.Logger) (notify.Sender, error) {
-	if cfg.SMSProviderURL == "" {
+	sender, se := providerSender(cfg)
+	switch {
+	case se != nil:
+		return nil, se
+	case sender == nil:
 		logger.Warn("SMS_PROVIDER_URL is unset: SMS are written to the log, not sent")
 		return notify.NewLogSender(logger), nil
+	}
+	return sender, nil
+}
+
+// providerSender is the HTTP gateway of SMS_PROVIDER_URL, nil when it is unset. The sender checks
+// the URL and the token itself; its errors are told here in the settings' terms, without the token
+// and with the URL masked.
+func providerSender(cfg *Config) (*notify.HTTPSender, *settingError) {
+	if cfg.SMSProviderURL == "" {
+		return nil, nil
 	}
 	sender, err := notify.NewHTTPSender(notify.HTTPConfig{URL: cfg.SMSProviderURL, Token: cfg.SMSProviderToken})
 	switch {
 	case errors.Is(err, notify.ErrInvalidToken):
-		return nil, &settingError{name: "SMS_PROVIDER_TOKEN", err: err}
+		return nil, &settingError{Name: "SMS_PROVIDER_TOKEN", Err: errors.New("must be printable ASCII without spaces")}
 	case err != nil:
-		return nil, &settingError{name: "SMS_PROVIDER_URL", err: err}
+		return nil, &settingError{Name: "SMS_PROVIDER_URL",
+			Err: fmt.Errorf("invalid URL %q (want http:// or https://)", redact.URL(cfg.SMSProviderURL))}
 	}
 	return sender, nil
 }
@@ -239,7 +328,7 @@ func (w *worker) run(ctx context.Context) (err error) {
 		})
 	}
 	purgeCtx, stopPurge := context.WithCancel(ctx)
-	wg.Go(func() { w.store.RunPurger(purgeCtx, purgeInterval) })
+	wg.Go(func() { w.store.RunPurger(purgeCtx, 0) }) // at the inbox's own interval
 	wg.Go(func() { w.anomalies.run(purgeCtx, w.pool, w.logger) })
 	stuck := false
 	defer func() {

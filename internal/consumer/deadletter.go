@@ -17,18 +17,12 @@ import (
 // offset is committed. kafka-go has no idempotent producer: a write retried after a lost
 // acknowledgement, or after a crash before the commit, may store a dead letter twice; never none.
 func (c *Consumer) newDeadLetterWriter() *kafka.Writer {
-	return &kafka.Writer{
-		Addr:                   kafka.TCP(c.config.Brokers...),
-		Transport:              c.transport,
-		Balancer:               &kafka.Hash{}, // one key's dead letters stay in order
-		RequiredAcks:           kafka.RequireAll,
-		BatchSize:              1,
-		BatchTimeout:           time.Millisecond,
-		MaxAttempts:            3,
-		AllowAutoTopicCreation: true,
-		Logger:                 kafkaLogger(c.log, slog.LevelDebug),
-		ErrorLogger:            kafkaLogger(c.log, slog.LevelWarn),
-	}
+	w := deadletter.NewWriter(c.config.Brokers, c.transport)
+	w.MaxAttempts = 3
+	w.AllowAutoTopicCreation = true
+	w.Logger = kafkaLogger(c.log, slog.LevelDebug)
+	w.ErrorLogger = kafkaLogger(c.log, slog.LevelWarn)
+	return w
 }
 
 // deadLetter writes m to its topic's dead-letter topic, with the original key, value and headers

@@ -8,7 +8,8 @@
 // It does not decide when a message is dead-lettered nor why: the consumer does, with the reason
 // codes of package fault, which handlers return and which stay there so that a handler author needs
 // no other package. It writes nothing to Kafka (the consumer writes dead letters, worker replay
-// puts them back) and knows nothing of handlers or the inbox.
+// puts them back, both with the producer NewWriter configures) and knows nothing of handlers or the
+// inbox.
 package deadletter
 
 import (

@@ -1,0 +1,91 @@
+// Package devbroker is the embedded Kafka broker of worker dev and worker demo: one broker in
+// memory that speaks the real wire protocol (kfake), with the worker's topics and their dead-letter
+// topics created, Partitions each, in Kafka's default configuration.
+//
+// It is for people trying the worker and for its demo, never for production: its messages go when
+// the process stops. It does not run the worker nor produce.
+package devbroker
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// Partitions is how many partitions each topic of the embedded broker has.
+const Partitions = 3
+
+// Broker is a running embedded broker. Close it when done.
+type Broker struct {
+	*kfake.Cluster
+	// Addr is the address it listens on: the one asked for, with the port bound for port 0.
+	Addr string
+}
+
+// Start starts a one-broker in-memory cluster on addr with topics and their dead-letter topics
+// (topic + dlqSuffix) created. An address it cannot listen on is an error naming DEV_KAFKA_ADDR.
+func Start(ctx context.Context, addr string, topics []string, dlqSuffix string, logger *slog.Logger) (_ *Broker, err error) {
+	c, err := kfake.NewCluster(
+		kfake.NumBrokers(1),
+		kfake.ListenFn(func(network, _ string) (net.Listener, error) { return net.Listen(network, addr) }),
+		kfake.GroupMinSessionTimeout(time.Second),
+		kfake.WithLogger(kfakeLogger{logger}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("DEV_KAFKA_ADDR: start the embedded broker: %w", err)
+	}
+	b := &Broker{Cluster: c, Addr: c.ListenAddrs()[0]}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
+
+	req := &kafka.CreateTopicsRequest{}
+	for _, t := range topics {
+		for _, name := range []string{t, t + dlqSuffix} {
+			req.Topics = append(req.Topics, kafka.TopicConfig{Topic: name, NumPartitions: Partitions, ReplicationFactor: 1})
+		}
+	}
+	client, closeClient := Client(b.Addr)
+	defer closeClient()
+	resp, err := client.CreateTopics(ctx, req)
+	if err == nil {
+		for _, e := range resp.Errors {
+			err = cmp.Or(err, e)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("create the topics of the embedded broker: %w", err)
+	}
+	logger.Info("embedded Kafka broker listening", slog.String("addr", b.Addr))
+	return b, nil
+}
+
+// Client is a kafka-go client of the broker at addr. Call the returned function when done.
+func Client(addr string) (*kafka.Client, func()) {
+	transport := &kafka.Transport{ClientID: "inboxworker-dev"}
+	return &kafka.Client{Addr: kafka.TCP(addr), Transport: transport, Timeout: 10 * time.Second},
+		transport.CloseIdleConnections
+}
+
+// kfakeLogger routes the embedded broker's logs to logger at debug and below.
+type kfakeLogger struct{ logger *slog.Logger }
+
+func (l kfakeLogger) Logf(level kfake.LogLevel, format string, args ...any) {
+	lvl := slog.LevelDebug
+	if level == kfake.LogLevelError {
+		lvl = slog.LevelWarn
+	}
+	ctx := context.Background()
+	if !l.logger.Enabled(ctx, lvl) {
+		return
+	}
+	l.logger.LogAttrs(ctx, lvl, "broker: "+fmt.Sprintf(format, args...), slog.String("component", "kfake"))
+}

@@ -1,0 +1,269 @@
+// Package parked is the operator's view of the park and hand on it (worker parked): list the
+// messages parked for a retry, make them due now, or dead-letter them by hand. Listing and retrying
+// need Postgres alone; dead-lettering writes to Kafka as the consumer does.
+//
+// It does not retry anything itself (the worker's retrier does) nor decide what parks.
+package parked
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
+	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/notify"
+	"github.com/inboxworker/inboxworker/internal/replay"
+	"github.com/inboxworker/inboxworker/internal/startup"
+)
+
+// Config is one run of worker parked.
+type Config struct {
+	// Verb is list, retry or dead-letter (see Verb); Args are its arguments.
+	Verb string
+	Args []string
+	// DLQSuffix names the dead-letter topics. Required for dead-letter.
+	DLQSuffix string
+	// Postgres and Kafka say where the park and the brokers are. Kafka is used by dead-letter only.
+	Postgres startup.Postgres
+	Kafka    startup.Kafka
+	// Out receives what the operator reads; Logger the rest. Required.
+	Out    io.Writer
+	Logger *slog.Logger
+}
+
+// Verb splits args into the verb and its arguments, or says what is wrong with them.
+func Verb(args []string) (string, []string, error) {
+	if len(args) == 0 {
+		return "", nil, errors.New("missing what to do: list, retry or dead-letter (see worker parked --help)")
+	}
+	switch args[0] {
+	case "list", "retry", "dead-letter":
+		return args[0], args[1:], nil
+	}
+	return "", nil, fmt.Errorf("unknown parked command %q: use list, retry or dead-letter (see worker parked --help)", args[0])
+}
+
+// Run does cfg.Verb.
+func Run(ctx context.Context, cfg Config) error {
+	pool, err := startup.OpenPostgres(ctx, cfg.Postgres)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store, err := inbox.NewStore(pool, inbox.Config{Logger: cfg.Logger})
+	if err != nil {
+		return err
+	}
+	switch cfg.Verb {
+	case "list":
+		return listParked(ctx, cfg.Out, store, cfg.Args)
+	case "retry":
+		return retryParked(ctx, cfg.Out, store, cfg.Args)
+	default:
+		return deadLetterParked(ctx, cfg, store)
+	}
+}
+
+// operatorLease bounds an operator's claim on a parked message while it is dead-lettered: should the
+// command die in between, the worker takes the message back once it lapses.
+const operatorLease = time.Minute
+
+// operatorWhy is the dlq-error of a message dead-lettered by hand, before its last error.
+const operatorWhy = "dead-lettered by an operator from the park"
+
+func listParked(ctx context.Context, out io.Writer, store *inbox.Store, args []string) error {
+	if len(args) > 1 {
+		return fmt.Errorf("unexpected argument %q: list takes at most a topic (see worker parked --help)", args[1])
+	}
+	var topic string
+	if len(args) == 1 {
+		if err := startup.CheckTopicName(args[0]); err != nil {
+			return fmt.Errorf("TOPIC: %w", err)
+		}
+		topic = args[0]
+	}
+	list, err := store.List(ctx, topic, 0)
+	if err != nil {
+		return fmt.Errorf("read the park: %w", err)
+	}
+	now := time.Now()
+	counts := map[string]int{}
+	for _, p := range list {
+		counts[p.Topic]++
+		fmt.Fprintln(out, parkedLine(p, now))
+	}
+	var parts []string
+	for _, t := range slices.Sorted(maps.Keys(counts)) {
+		parts = append(parts, fmt.Sprintf("%s %d", t, counts[t]))
+	}
+	summary := fmt.Sprintf("%d parked", len(list))
+	if len(parts) > 0 {
+		summary += " (" + strings.Join(parts, ", ") + ")"
+	}
+	fmt.Fprintln(out, summary)
+	return nil
+}
+
+// parkedLine describes p on one line of key=value pairs.
+func parkedLine(p inbox.Parked, now time.Time) string {
+	due := "due"
+	switch {
+	case p.Ahead > 0:
+		due = fmt.Sprintf("after-%d-ahead", p.Ahead)
+	case p.NextAttemptAt.After(now):
+		due = "in-" + p.NextAttemptAt.Sub(now).Round(time.Second).String()
+	}
+	fields := []string{
+		"id=" + strconv.FormatInt(p.ID, 10),
+		"topic=" + p.Topic,
+		"partition=" + strconv.Itoa(int(p.Partition)),
+		"offset=" + strconv.FormatInt(p.Offset, 10),
+		"key=" + displayedKey(p.MessageKey),
+		"idempotency_key=" + replay.Displayed(p.IdempotencyKey),
+		"ahead=" + strconv.Itoa(p.Ahead),
+		"attempts=" + strconv.Itoa(p.Attempts),
+		"parked=" + now.Sub(p.ParkedAt).Round(time.Second).String() + "-ago",
+		"next=" + due,
+	}
+	if p.Reason != "" {
+		fields = append(fields, "reason="+replay.Displayed(string(p.Reason)))
+	}
+	if p.ClaimedBy != "" && p.ClaimedUntil.After(now) {
+		fields = append(fields, "claimed_by="+replay.Displayed(p.ClaimedBy))
+	}
+	if p.LastError != "" {
+		fields = append(fields, "error="+strconv.Quote(p.LastError))
+	}
+	return strings.Join(fields, " ")
+}
+
+// displayedKey is a message's Kafka key for output: a phone number masked, as everywhere else;
+// (none) when it had none, and was ordered by its idempotency key.
+func displayedKey(key []byte) string {
+	switch s := string(key); {
+	case key == nil:
+		return "(none)"
+	case notify.ValidPhone(s):
+		return notify.MaskPhone(s)
+	default:
+		return replay.Displayed(s)
+	}
+}
+
+func retryParked(ctx context.Context, out io.Writer, store *inbox.Store, args []string) error {
+	if len(args) == 0 {
+		return errors.New("missing the ids to retry, or all (see worker parked --help)")
+	}
+	var (
+		n   int64
+		err error
+	)
+	if args[0] == "all" {
+		var topic string
+		switch {
+		case len(args) > 2:
+			return fmt.Errorf("unexpected argument %q: retry all takes at most a topic", args[2])
+		case len(args) == 2:
+			if err := startup.CheckTopicName(args[1]); err != nil {
+				return fmt.Errorf("TOPIC: %w", err)
+			}
+			topic = args[1]
+		}
+		n, err = store.RetryAllNow(ctx, topic)
+	} else {
+		ids, perr := parseIDs(args)
+		if perr != nil {
+			return perr
+		}
+		n, err = store.RetryNow(ctx, ids)
+	}
+	if err != nil {
+		return fmt.Errorf("retry parked messages: %w", err)
+	}
+	fmt.Fprintf(out, "%d parked messages due now; a message behind others of its key still waits for them\n", n)
+	return nil
+}
+
+func parseIDs(args []string) ([]int64, error) {
+	ids := make([]int64, 0, len(args))
+	for _, a := range args {
+		id, err := strconv.ParseInt(a, 10, 64)
+		if err != nil || id <= 0 {
+			return nil, fmt.Errorf("ID: %q is not the id of a parked message (see worker parked list)", a)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// deadLetterParked dead-letters the parked messages ids, each in turn: claim it, so that no worker
+// retries it meanwhile; write its dead letter, acknowledged by all in-sync replicas; then take it out
+// of the park. A failure leaves the message parked (its dead letter perhaps written, then written
+// again by the next attempt: never lost) and stops the command.
+func deadLetterParked(ctx context.Context, cfg Config, store *inbox.Store) error {
+	out, logger, args := cfg.Out, cfg.Logger, cfg.Args
+	if len(args) == 0 {
+		return errors.New("missing the ids to dead-letter (see worker parked --help)")
+	}
+	ids, err := parseIDs(args)
+	if err != nil {
+		return err
+	}
+	host, _ := os.Hostname()
+	owner := fmt.Sprintf("worker parked dead-letter on %s, pid %d", host, os.Getpid())
+	admin, err := startup.NewAdmin(cfg.Kafka)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	if _, err := admin.WaitReady(ctx, nil); err != nil {
+		return err
+	}
+	w := deadletter.NewWriter(cfg.Kafka.Brokers, admin.Transport) // as the worker writes its dead letters
+	w.AllowAutoTopicCreation = true
+	defer w.Close()
+	for i, id := range ids {
+		p, err := store.Claim(ctx, id, owner, operatorLease)
+		switch {
+		case errors.Is(err, inbox.ErrNotParked):
+			return fmt.Errorf("parked message %d: not in the park (applied, dead-lettered, or a wrong id)%s", id, done(i))
+		case errors.Is(err, inbox.ErrClaimed):
+			return fmt.Errorf("parked message %d: the worker is retrying it right now; try again in a moment%s", id, done(i))
+		case err != nil:
+			return fmt.Errorf("parked message %d: %w%s", id, err, done(i))
+		}
+		letter := consumer.ParkedDeadLetter(p, cfg.DLQSuffix, operatorWhy, time.Now())
+		if err := w.WriteMessages(ctx, letter); err != nil {
+			// The claim lapses by itself: the worker takes the message back.
+			return fmt.Errorf("parked message %d: write its dead letter to %s: %w%s", id, letter.Topic, err, done(i))
+		}
+		if err := store.Remove(ctx, p); err != nil {
+			return fmt.Errorf("parked message %d: dead-lettered to %s, but not taken out of the park: %w%s",
+				id, letter.Topic, err, done(i))
+		}
+		logger.InfoContext(ctx, "dead-lettered a parked message by hand", slog.Int64("id", id),
+			slog.String("topic", p.Topic), slog.Int("partition", int(p.Partition)), slog.Int64("offset", p.Offset),
+			slog.String("key", p.IdempotencyKey), slog.String("dlq_topic", letter.Topic))
+		fmt.Fprintf(out, "dead-lettered id=%d topic=%s partition=%d offset=%d idempotency_key=%s to=%s\n",
+			id, p.Topic, p.Partition, p.Offset, replay.Displayed(p.IdempotencyKey), letter.Topic)
+	}
+	return nil
+}
+
+// done says how many of the ids were dead-lettered before one failed.
+func done(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (the %d before it were dead-lettered)", n)
+}

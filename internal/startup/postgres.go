@@ -1,0 +1,91 @@
+package startup
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/tracelog"
+
+	"github.com/inboxworker/inboxworker/internal/redact"
+)
+
+// Postgres is where and how long to wait for the database.
+type Postgres struct {
+	// URL is DATABASE_URL. Required.
+	URL string
+	// Schema, when set, is the search_path of every connection.
+	Schema string
+	// Timeout is how long to wait for Postgres to answer (STARTUP_TIMEOUT). Required.
+	Timeout time.Duration
+	// Logger receives the wait and pgx's own logs. Required.
+	Logger *slog.Logger
+}
+
+// OpenPostgres connects to p.URL and waits up to p.Timeout for Postgres to answer.
+func OpenPostgres(ctx context.Context, p Postgres) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(p.URL)
+	if err != nil { // checked with the configuration: only a race with the environment gets here
+		return nil, fmt.Errorf("DATABASE_URL: invalid URL %q: %s", redact.URL(p.URL), redact.PgxConfigError(err, p.URL))
+	}
+	if p.Schema != "" {
+		pcfg.ConnConfig.RuntimeParams["search_path"] = p.Schema
+	}
+	pcfg.ConnConfig.Tracer = pgxTracer(p.Logger, pcfg.ConnConfig.Password)
+	connectTimeout := pcfg.ConnConfig.ConnectTimeout
+	if connectTimeout <= 0 {
+		connectTimeout = 5 * time.Second
+	}
+	pcfg.ConnConfig.ConnectTimeout = min(connectTimeout, p.Timeout)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	err = waitFor(ctx, p.Timeout, p.Logger, "Postgres", func(ctx context.Context) error {
+		return pool.Ping(ctx)
+	})
+	if err != nil {
+		pool.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("DATABASE_URL: Postgres at %s unreachable after %s: %s",
+			redact.URL(p.URL), p.Timeout, redact.Scrubber(pcfg.ConnConfig.Password)(err.Error()))
+	}
+	return pool, nil
+}
+
+// pgxTracer routes pgx's own logs to logger without what they may carry of our data: statement
+// arguments (payloads, phone numbers) are dropped, and the password is scrubbed from errors.
+// Failed statements are logged at debug only: their callers classify and report them. Connection
+// failures are warnings.
+func pgxTracer(logger *slog.Logger, password string) *tracelog.TraceLog {
+	level := tracelog.LogLevelWarn
+	if logger.Enabled(context.Background(), slog.LevelDebug) {
+		level = tracelog.LogLevelDebug
+	}
+	scrub := redact.Scrubber(password)
+	return &tracelog.TraceLog{
+		LogLevel: level,
+		Logger: tracelog.LoggerFunc(func(ctx context.Context, l tracelog.LogLevel, msg string, data map[string]any) {
+			lvl := slog.LevelDebug
+			if msg == "Connect" && l <= tracelog.LogLevelWarn {
+				lvl = slog.LevelWarn
+			}
+			attrs := []slog.Attr{slog.String("component", "pgx")}
+			for k, v := range data {
+				switch k {
+				case "args":
+					continue
+				case "err":
+					attrs = append(attrs, slog.String("err", scrub(fmt.Sprint(v))))
+				default:
+					attrs = append(attrs, slog.Any(k, v))
+				}
+			}
+			logger.LogAttrs(ctx, lvl, "pgx: "+msg, attrs...)
+		}),
+	}
+}
