@@ -35,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,6 +44,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/inboxworker/inboxworker/internal/deadletter"
+	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -112,6 +114,10 @@ type Route struct {
 	// Handler applies the topic's messages: an effect.Handler (an effect.BatchHandler among them)
 	// or an effect.CallHandler. Required.
 	Handler any
+	// IdempotencyKey takes a message's idempotency key, or says why it has none (the reason its dead
+	// letter gets). Defaults to IdempotencyKey, the contract's rule: the Idempotency-Key header, else
+	// X-Idempotent-Key, else the JSON member event_id.
+	IdempotencyKey func(kafka.Message) (string, fault.Reason, error)
 	// Concurrency is the most messages of the route, across all its partitions, whose handlers run
 	// at once, each in its transaction; a message waiting to be retried keeps its place. A batch
 	// applied in one transaction counts once. It keeps a provider, or the database pool, from being
@@ -136,6 +142,8 @@ type Retry struct {
 type Config struct {
 	// Brokers are the bootstrap brokers. Required.
 	Brokers []string
+	// ClientID names the consumer to the brokers (their logs and quotas). Defaults to "inboxworker".
+	ClientID string
 	// GroupID is the consumer group. Defaults to "inboxworker".
 	GroupID string
 	// Routes are the topics to consume and their handlers. Required.
@@ -241,7 +249,14 @@ type Consumer struct {
 
 // New returns a Consumer for config, or an error naming the first invalid field.
 func New(config Config) (*Consumer, error) {
+	config.ClientID = cmp.Or(config.ClientID, "inboxworker")
 	config.GroupID = cmp.Or(config.GroupID, "inboxworker")
+	config.Routes = slices.Clone(config.Routes) // defaults filled in below are the consumer's own
+	for i := range config.Routes {
+		if config.Routes[i].IdempotencyKey == nil {
+			config.Routes[i].IdempotencyKey = IdempotencyKey
+		}
+	}
 	config.SessionTimeout = cmp.Or(config.SessionTimeout, 10*time.Second)
 	config.DLQSuffix = cmp.Or(config.DLQSuffix, ".dlq")
 	config.Retry.InitialInterval = cmp.Or(config.Retry.InitialInterval, 200*time.Millisecond)
@@ -270,13 +285,13 @@ func New(config Config) (*Consumer, error) {
 		log:     config.Logger.With("group", config.GroupID),
 		metrics: config.Metrics,
 		dialer: &kafka.Dialer{
-			ClientID:      "inboxworker",
+			ClientID:      config.ClientID,
 			Timeout:       10 * time.Second,
 			DualStack:     true,
 			SASLMechanism: config.SASL,
 			TLS:           config.TLS,
 		},
-		transport: &kafka.Transport{ClientID: "inboxworker", SASL: config.SASL, TLS: config.TLS},
+		transport: &kafka.Transport{ClientID: config.ClientID, SASL: config.SASL, TLS: config.TLS},
 	}
 	c.limits = make(map[string]*routeLimit, len(config.Routes))
 	c.circuits = make(map[string]*circuit, len(config.Routes))

@@ -384,3 +384,48 @@ func TestThirdRoute(t *testing.T) {
 		}
 	})
 }
+
+// TestRouteKeyRule gives a route a key rule of its own: its messages are keyed by their Kafka key,
+// not by the contract's headers and event_id, redeliveries are duplicates under it, and a message
+// the rule refuses is dead-lettered with the reason the rule gave. The other route keeps the
+// contract's rule.
+func TestRouteKeyRule(t *testing.T) {
+	t.Parallel()
+	e := setup(t, testMode{consumer.PerBatch, consumer.ByKey}, 1)
+	createTopic(t, e.kafka.Addr, "audits")
+	createTopic(t, e.kafka.Addr, "audits.dlq")
+	config := e.config(&recorder{})
+	byKafkaKey := func(m kafka.Message) (string, fault.Reason, error) {
+		if len(m.Key) == 0 {
+			return "", fault.MissingIdempotencyKey, errors.New("an audit needs a Kafka key")
+		}
+		return "audit-" + string(m.Key), "", nil
+	}
+	config.Routes = append(config.Routes, consumer.Route{Topic: "audits", Name: "audits", Handler: audit{},
+		IdempotencyKey: byKafkaKey})
+	e.start(config)
+
+	e.produce("contract")
+	e.kafka.Produce(t, "audits",
+		kafka.Message{Key: []byte("a1"), Value: []byte(`{"event_id":"ignored-1"}`)},
+		kafka.Message{Key: []byte("a1"), Value: []byte(`{"event_id":"ignored-1"}`)}, // a redelivery
+		kafka.Message{Value: []byte(`{"event_id":"no-kafka-key"}`)})
+	e.waitFor("both topics consumed", func() bool {
+		return e.committed() == 1 && e.kafka.CommittedOffset(t, group, "audits", 0) == 3
+	})
+	rows, err := e.db.Pool.Query(t.Context(), `SELECT key FROM effects ORDER BY key`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"audit-a1", "contract"}; !slices.Equal(keys, want) {
+		t.Errorf("effects = %v, want %v: the audit once under its Kafka key, the other route by event_id", keys, want)
+	}
+	dead := e.kafka.ReadAll(t, "audits.dlq", 0)
+	if len(dead) != 1 || header(dead[0], "dlq-reason") != string(fault.MissingIdempotencyKey) {
+		t.Errorf("audits dead letters = %d, want the one without a Kafka key as missing_idempotency_key", len(dead))
+	}
+}

@@ -280,7 +280,7 @@ func (p *partition) fetch(ctx context.Context, out chan<- kafka.Message) {
 // add takes a fetched message into the window, with its keys.
 func (p *partition) add(ctx context.Context, m kafka.Message) {
 	e := &entry{msg: m, fetched: time.Now()}
-	e.key, e.reason, e.keyErr = IdempotencyKey(m)
+	e.key, e.reason, e.keyErr = p.route.IdempotencyKey(m)
 	switch {
 	case p.c.config.Ordering == ByPartition:
 		e.order = ""
