@@ -16,7 +16,13 @@ import (
 // call runs d through h in the three steps of CallHandler. A panic in any of h's methods is a
 // permanent error; the transaction it ran in rolls back and the lease is released.
 func (p *partition) call(ctx context.Context, h effect.CallHandler, msg inbox.Message, d inbox.Delivery, log *slog.Logger) (inbox.Outcome, error) {
-	return p.c.config.Store.ProcessCall(ctx, msg, inbox.Call{
+	return p.c.config.Store.ProcessCall(ctx, msg, callSteps(h, d, log, nil))
+}
+
+// callSteps is h's three steps for d as the inbox runs them (see effect.CallHandler). first, when
+// set, runs first in the completion's transaction (a parked message's removal from the park).
+func callSteps(h effect.CallHandler, d inbox.Delivery, log *slog.Logger, first inbox.Effect) inbox.Call {
+	return inbox.Call{
 		Lease: effect.CallLease,
 		Check: func(ctx context.Context, tx pgx.Tx) (err error) {
 			defer recoverHandler(ctx, log, &err)
@@ -30,15 +36,20 @@ func (p *partition) call(ctx context.Context, h effect.CallHandler, msg inbox.Me
 			if err != nil {
 				return nil, err
 			}
-			if complete == nil { // nothing to record but the key
-				return func(context.Context, pgx.Tx) error { return nil }, nil
-			}
 			return func(ctx context.Context, tx pgx.Tx) (err error) {
 				defer recoverHandler(ctx, log, &err)
+				if first != nil {
+					if err := first(ctx, tx); err != nil {
+						return err
+					}
+				}
+				if complete == nil { // nothing to record but the key
+					return nil
+				}
 				return complete(ctx, tx)
 			}, nil
 		},
-	})
+	}
 }
 
 // recoverHandler makes a panic of a handler, deferred in its caller, the permanent error *err.

@@ -503,32 +503,13 @@ func parkedEffect(store *inbox.Store, route Route, attemptTimeout time.Duration,
 				return h.Handle(ctx, tx, d)
 			})
 		}
-		outcome, err := store.ProcessCall(ctx, parkedMessage(p), inbox.Call{
-			Lease: effect.CallLease,
-			Check: func(ctx context.Context, tx pgx.Tx) (err error) {
-				defer recoverHandler(ctx, log, &err)
-				return h.Check(ctx, tx, d)
-			},
-			Run: func(ctx context.Context, attempt int) (_ inbox.Effect, err error) {
-				defer recoverHandler(ctx, log, &err)
-				d := d
-				d.Attempt = attempt
-				complete, err := h.Call(ctx, d)
-				if err != nil {
-					return nil, err
-				}
-				return func(ctx context.Context, tx pgx.Tx) (err error) {
-					defer recoverHandler(ctx, log, &err)
-					if err := store.UnparkTx(ctx, tx, p); err != nil && !errors.Is(err, inbox.ErrClaimLost) {
-						return err
-					}
-					if complete == nil { // nothing to record but the key
-						return nil
-					}
-					return complete(ctx, tx)
-				}, nil
-			},
-		})
+		unpark := func(ctx context.Context, tx pgx.Tx) error {
+			if err := store.UnparkTx(ctx, tx, p); err != nil && !errors.Is(err, inbox.ErrClaimLost) {
+				return err
+			}
+			return nil
+		}
+		outcome, err := store.ProcessCall(ctx, parkedMessage(p), callSteps(h, d, log, unpark))
 		if err == nil && outcome == inbox.Duplicate {
 			// Recorded before, by another delivery: no call was made, and p goes.
 			if err := store.Remove(ctx, p); err != nil && !errors.Is(err, inbox.ErrClaimLost) {
