@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	"github.com/inboxworker/inboxworker/internal/demo"
 	"github.com/inboxworker/inboxworker/internal/devbroker"
@@ -43,11 +44,17 @@ func runDemo(ctx context.Context, a *app, cfg *Config, _ []string) error {
 		return err
 	}
 	defer broker.Close()
+	return playDemo(ctx, a, cfg, logger, broker.Addr)
+}
+
+// playDemo runs the worker and the demo's scenario against the broker at brokerAddr, whose topics
+// exist, and prints the summary.
+func playDemo(ctx context.Context, a *app, cfg *Config, logger *slog.Logger, brokerAddr string) error {
 	// The address bound, for the worker and the startup line.
-	if err := cfg.override("KAFKA_BROKERS", broker.Addr); err != nil {
+	if err := cfg.override("KAFKA_BROKERS", brokerAddr); err != nil {
 		return err
 	}
-	if err := cfg.override("DEV_KAFKA_ADDR", broker.Addr); err != nil {
+	if err := cfg.override("DEV_KAFKA_ADDR", brokerAddr); err != nil {
 		return err
 	}
 	logStart(ctx, logger, "demo", cfg)
@@ -74,8 +81,8 @@ func runDemo(ctx context.Context, a *app, cfg *Config, _ []string) error {
 	stopped := make(chan error, 1)
 	go func() { stopped <- w.run(workerCtx) }()
 
-	fmt.Fprintf(a.stdout, "Demo: embedded Kafka broker on %s, Postgres schema %s (recreated).\n", broker.Addr, demo.Schema)
-	scenario := demo.Config{Broker: broker.Addr, Partitions: devbroker.Partitions, GroupID: cfg.KafkaGroupID,
+	fmt.Fprintf(a.stdout, "Demo: embedded Kafka broker on %s, Postgres schema %s (recreated).\n", brokerAddr, demo.Schema)
+	scenario := demo.Config{Broker: brokerAddr, Partitions: devbroker.Partitions, GroupID: cfg.KafkaGroupID,
 		TopicPayments: cfg.TopicPayments, TopicSMS: cfg.TopicSMS, DLQSuffix: cfg.DLQSuffix,
 		PaymentsInbox: paymentsInbox, Pool: pool, Metrics: w.registry, Out: a.stdout}
 	outcomes, err := demo.Play(ctx, scenario)
