@@ -95,21 +95,8 @@ func runSMS(ctx context.Context, e *env) (result, error) {
 		return result{}, err
 	}
 
-	start := time.Now()
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	stopped := make(chan error, 1)
-	go func() { stopped <- c.Run(runCtx) }()
-	select {
-	case <-progress.done:
-	case err := <-stopped:
-		return result{}, fmt.Errorf("the consumer stopped before the end of the stream: %v", err)
-	case <-ctx.Done():
-		return result{}, ctx.Err()
-	}
-	elapsed := progress.last().Sub(start)
-	stop()
-	if err := <-stopped; err != nil {
+	elapsed, err := consumeAll(ctx, c, progress)
+	if err != nil {
 		return result{}, err
 	}
 

@@ -56,21 +56,8 @@ func runWorker(transactions consumer.Transactions) mode {
 			return result{}, err
 		}
 
-		start := time.Now()
-		runCtx, stop := context.WithCancel(ctx)
-		defer stop()
-		stopped := make(chan error, 1)
-		go func() { stopped <- c.Run(runCtx) }()
-		select {
-		case <-progress.done:
-		case err := <-stopped:
-			return result{}, fmt.Errorf("the consumer stopped before the end of the stream: %v", err)
-		case <-ctx.Done():
-			return result{}, ctx.Err()
-		}
-		elapsed := progress.last().Sub(start)
-		stop()
-		if err := <-stopped; err != nil {
+		elapsed, err := consumeAll(ctx, c, progress)
+		if err != nil {
 			return result{}, err
 		}
 
@@ -82,6 +69,26 @@ func runWorker(transactions consumer.Transactions) mode {
 		}
 		return result{Elapsed: elapsed, Messages: e.cfg.N, Latencies: progress.latencies}, nil
 	}
+}
+
+// consumeAll runs c until progress says every partition's committed offset reached its end, stops
+// it, and returns the time from its start to that last offset commit.
+func consumeAll(ctx context.Context, c *consumer.Consumer, progress *progress) (time.Duration, error) {
+	start := time.Now()
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	stopped := make(chan error, 1)
+	go func() { stopped <- c.Run(runCtx) }()
+	select {
+	case <-progress.done:
+	case err := <-stopped:
+		return 0, fmt.Errorf("the consumer stopped before the end of the stream: %v", err)
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	elapsed := progress.last().Sub(start)
+	stop()
+	return elapsed, <-stopped
 }
 
 // progress is the consumer's Observer: it times each message from its fetch to the offset commit
