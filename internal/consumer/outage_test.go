@@ -31,16 +31,7 @@ func testDatabaseOutage(t *testing.T, mode testMode) {
 	// One partition, one key: the messages after "held" wait behind it, so no other transaction is
 	// in flight when the connection is cut.
 	e := setup(t, mode, 1)
-	proxy := startProxy(t, e.db.URL)
-	pool, err := pgxpool.New(context.Background(), proxy.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	store, err := inbox.NewStore(pool, inbox.Config{Logger: e.log})
-	if err != nil {
-		t.Fatal(err)
-	}
+	proxy, pool, store := e.behindProxy()
 	// The handler of "held" waits, its transaction open, until the connection is cut.
 	// Only its first run waits: a rebalance under load may run it again from attempt 1.
 	held, release := make(chan struct{}), make(chan struct{})
@@ -110,6 +101,23 @@ type proxy struct {
 	mu    sync.Mutex
 	down  bool
 	conns map[net.Conn]bool
+}
+
+// behindProxy returns a proxy in front of the test's database, and a pool and an inbox store that
+// reach the database through it, closed when the test ends.
+func (e *env) behindProxy() (*proxy, *pgxpool.Pool, *inbox.Store) {
+	e.t.Helper()
+	proxy := startProxy(e.t, e.db.URL)
+	pool, err := pgxpool.New(context.Background(), proxy.url)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(pool.Close)
+	store, err := inbox.NewStore(pool, inbox.Config{Logger: e.log})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return proxy, pool, store
 }
 
 func startProxy(t *testing.T, databaseURL string) *proxy {
@@ -268,16 +276,7 @@ func TestDatabaseOutageBeforeBatch(t *testing.T) {
 
 func testDatabaseOutageBeforeBatch(t *testing.T, mode testMode) {
 	e := setup(t, mode, 1)
-	proxy := startProxy(t, e.db.URL)
-	pool, err := pgxpool.New(context.Background(), proxy.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	store, err := inbox.NewStore(pool, inbox.Config{Logger: e.log})
-	if err != nil {
-		t.Fatal(err)
-	}
+	proxy, pool, store := e.behindProxy()
 	config := testConfig(e.kafka.Addr, pool, store, &recorder{}, mode, e.log)
 	config.Retry.MaxElapsed = 100 * time.Millisecond
 	e.start(config)
@@ -305,7 +304,7 @@ func testDatabaseOutageBeforeBatch(t *testing.T, mode testMode) {
 		t.Errorf("%d dead letters, want none", len(dead))
 	}
 	var starts int
-	err = e.db.Pool.QueryRow(context.Background(), `SELECT coalesce(max(starts), 0) FROM inbox_attempts`).Scan(&starts)
+	err := e.db.Pool.QueryRow(context.Background(), `SELECT coalesce(max(starts), 0) FROM inbox_attempts`).Scan(&starts)
 	if err != nil {
 		t.Fatal(err)
 	}

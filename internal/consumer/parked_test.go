@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
@@ -380,16 +379,7 @@ func TestPoisonKeyDoesNotPause(t *testing.T) {
 func TestParkDatabaseOutage(t *testing.T) {
 	t.Parallel()
 	e := setup(t, testMode{consumer.PerMessage, consumer.ByKey}, 1)
-	proxy := startProxy(t, e.db.URL)
-	pool, err := pgxpool.New(context.Background(), proxy.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	store, err := inbox.NewStore(pool, inbox.Config{Logger: e.log})
-	if err != nil {
-		t.Fatal(err)
-	}
+	proxy, pool, store := e.behindProxy()
 	var exists atomic.Bool
 	config := testConfig(e.kafka.Addr, pool, store, &recorder{fail: failUntil("late-1", &exists)}, e.mode, e.log)
 	parkSoon(&config)
