@@ -147,32 +147,7 @@ func testThroughConsumer(t *testing.T, mode consumer.Transactions) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := c.Run(ctx); err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	t.Cleanup(func() { cancel(); wg.Wait() })
-
-	broker.Produce(t, topic, msgs...)
-	deadline := time.Now().Add(60 * time.Second) // only keeps a broken test from hanging
-	for {
-		var committed int64
-		for p := range partitions {
-			committed += max(0, broker.CommittedOffset(t, "payments-test", topic, p))
-		}
-		if committed == int64(len(msgs)) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d offsets committed", committed, len(msgs))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	cancel()
-	wg.Wait()
+	consumeAll(t, c, broker, topic, partitions, msgs, 60*time.Second)
 
 	paid := " at " + paidAt
 	for orderNo, want := range map[string]state{
@@ -273,32 +248,7 @@ func testOneOrderPerTransactionThroughConsumer(t *testing.T, mode consumer.Trans
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := c.Run(runCtx); err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	t.Cleanup(func() { cancel(); wg.Wait() })
-
-	broker.Produce(t, topic, msgs...)
-	deadline := time.Now().Add(120 * time.Second) // only keeps a broken test from hanging
-	for {
-		var committed int64
-		for p := range partitions {
-			committed += max(0, broker.CommittedOffset(t, "payments-test", topic, p))
-		}
-		if committed == int64(len(msgs)) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d offsets committed", committed, len(msgs))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	cancel()
-	wg.Wait()
+	consumeAll(t, c, broker, topic, partitions, msgs, 120*time.Second)
 
 	flagged := map[string]string{} // provider transaction → the order it was flagged for
 	rows, _ := e.pool.Query(ctx, `SELECT provider_txn_id, order_no FROM payment_anomalies`)
@@ -350,5 +300,36 @@ func testOneOrderPerTransactionThroughConsumer(t *testing.T, mode consumer.Trans
 		if got := testutil.ToFloat64(metrics.Messages.WithLabelValues(topic, outcome)); got != want {
 			t.Errorf("%s messages: %v, want %v", outcome, got, want)
 		}
+	}
+}
+
+// consumeAll runs c, produces msgs to topic and waits until every one's offset is committed in the
+// group payments-test (or fails the test after timeout, which only keeps a broken test from
+// hanging), then stops c.
+func consumeAll(t *testing.T, c *consumer.Consumer, broker *kafkatest.Cluster, topic string, partitions int, msgs []kafka.Message, timeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := c.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	defer func() { cancel(); wg.Wait() }()
+
+	broker.Produce(t, topic, msgs...)
+	deadline := time.Now().Add(timeout)
+	for {
+		var committed int64
+		for p := range partitions {
+			committed += max(0, broker.CommittedOffset(t, "payments-test", topic, p))
+		}
+		if committed == int64(len(msgs)) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d offsets committed", committed, len(msgs))
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
