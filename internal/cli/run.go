@@ -357,10 +357,11 @@ func (w *worker) run(ctx context.Context) (err error) {
 		return w.stopped(err)
 	case <-ctx.Done():
 	}
-	w.logger.Info("stopping: finishing in-flight messages", slog.Duration("shutdown_timeout", w.cfg.ShutdownTimeout))
+	// /readyz says 503 before the log line says so: whoever reads the line may rely on it.
 	if w.ops != nil {
 		w.ops.draining()
 	}
+	w.logger.Info("stopping: finishing in-flight messages", slog.Duration("shutdown_timeout", w.cfg.ShutdownTimeout))
 	timer := time.NewTimer(w.cfg.ShutdownTimeout)
 	defer timer.Stop()
 	select {
