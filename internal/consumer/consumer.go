@@ -195,6 +195,9 @@ type Config struct {
 	// LagInterval is how often the consumer_lag and consumer_stalled_seconds metrics of every
 	// partition of the routes' topics are refreshed. Defaults to 5s.
 	LagInterval time.Duration
+	// ParkStatsInterval is how often the parked_messages and parked_oldest_seconds gauges are
+	// refreshed, with one query. Defaults to 5s.
+	ParkStatsInterval time.Duration
 	// Store is the inbox, over the migrated database. Required.
 	Store *inbox.Store
 	// DeadLetters keeps the dead letters their topic refuses for good, in the migrated database.
@@ -270,6 +273,7 @@ func New(config Config) (*Consumer, error) {
 	config.BatchWait = cmp.Or(config.BatchWait, 5*time.Millisecond)
 	config.ShutdownTimeout = cmp.Or(config.ShutdownTimeout, 30*time.Second)
 	config.LagInterval = cmp.Or(config.LagInterval, 5*time.Second)
+	config.ParkStatsInterval = cmp.Or(config.ParkStatsInterval, 5*time.Second)
 	config.Logger = cmp.Or(config.Logger, slog.Default())
 	config.Routes = append([]Route(nil), config.Routes...) // the caller's slice may change later
 	for i := range config.Routes {
@@ -356,6 +360,7 @@ func (config *Config) validate() error {
 		{"BatchWait", config.BatchWait},
 		{"ShutdownTimeout", config.ShutdownTimeout},
 		{"LagInterval", config.LagInterval},
+		{"ParkStatsInterval", config.ParkStatsInterval},
 	}
 	for _, p := range positive {
 		if p.d < 0 {
@@ -421,7 +426,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	background.Go(func() { c.cancelAfterShutdownTimeout(ctx, runDone, cancelHard) })
 	background.Go(func() { c.lag.run(ctx) })
 	background.Go(func() {
-		reportParked(ctx, c.metrics, c.config.Store, c.topics(), parkStatsInterval, c.log)
+		reportParked(ctx, c.metrics, c.config.Store, c.topics(), c.config.ParkStatsInterval, c.log)
 	})
 
 	c.log.InfoContext(ctx, "joining the consumer group", "topics", c.topics())

@@ -120,6 +120,8 @@ func testParkOvertakingCallback(t *testing.T, mode testMode) {
 	if got := e.appliedMatching(isLate); !slices.Equal(got, []string{"late-1", "late-2", "late-3"}) {
 		t.Errorf("the order's callbacks applied in the order %q", got)
 	}
+	// The outcome is counted after its transaction committed, a moment after the park row is gone.
+	e.waitFor("every message counted as applied", func() bool { return outcomes(config, "applied") >= float64(len(all)) })
 	if got := outcomes(config, "applied"); got != float64(len(all)) {
 		t.Errorf("%v applied, want %d", got, len(all))
 	}
@@ -177,8 +179,15 @@ func testParkSurvivesRebalance(t *testing.T, mode testMode) {
 	e := setup(t, mode, 4)
 	var exists atomic.Bool
 	h := &recorder{fail: unknownOrder(isLate, &exists)}
+	// Leaving the group can take kafka-go's 30 s rebalance timeout on the test broker (a JoinGroup
+	// held while the broker completes a rebalance): the parked key must not run out of budget while
+	// the test waits for the first worker to stop.
+	longBudget := func(config *consumer.Config) {
+		parkSoon(config)
+		config.Retry.MaxElapsed = 5 * time.Minute
+	}
 	first := e.config(h)
-	parkSoon(&first)
+	longBudget(&first)
 	_, stopFirst := e.start(first)
 	e.produceOrdered("order-late", "late-1", "late-2")
 	others := keys("x", 40)
@@ -188,7 +197,7 @@ func testParkSurvivesRebalance(t *testing.T, mode testMode) {
 	})
 
 	secondConfig := e.config(h)
-	parkSoon(&secondConfig)
+	longBudget(&secondConfig)
 	second, _ := e.start(secondConfig)
 	e.waitFor("the second worker to join", second.Ready)
 	stopFirst() // the second takes every partition, the parked key's among them

@@ -201,9 +201,6 @@ const (
 	retrierIdlePoll = 30 * time.Second
 )
 
-// parkStatsInterval is how often the park's gauges are refreshed, with one query.
-const parkStatsInterval = 5 * time.Second
-
 // routePoll is how often a partition whose route is probing looks whether it is open again.
 const routePoll = 100 * time.Millisecond
 
