@@ -257,6 +257,7 @@ func testParkBudgetRunsOut(t *testing.T, mode testMode) {
 	if _, err := time.Parse(time.RFC3339, header(m, "dlq-failed-at")); err != nil {
 		t.Errorf("dlq-failed-at: %v", err)
 	}
+	e.waitFor("the dead letter counted", func() bool { return outcomes(config, "dead_lettered") >= 1 })
 	if got := outcomes(config, "dead_lettered"); got != 1 {
 		t.Errorf("%v counted dead-lettered, want 1", got)
 	}

@@ -196,6 +196,23 @@ func (e *retrierEnv) waitEmpty() {
 	})
 }
 
+// waitOutcomes waits until n messages are finished and returns their outcomes: an outcome is
+// reported after its transaction committed, a moment after the park row is gone.
+func (e *retrierEnv) waitOutcomes(n int) []string {
+	e.t.Helper()
+	var got []string
+	eventually(e.t, func() string {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		got = slices.Clone(e.outcomes)
+		if len(got) < n {
+			return fmt.Sprintf("%d of %d outcomes reported", len(got), n)
+		}
+		return ""
+	})
+	return got
+}
+
 // ofKey returns the effects of orderKey's messages, in order.
 func ofKey(effects []string, orderKey string) []string {
 	var out []string
@@ -230,10 +247,8 @@ func TestRetrierAppliesEachKeyInOrder(t *testing.T) {
 		}
 		return ""
 	})
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if len(e.outcomes) != 6 || slices.ContainsFunc(e.outcomes, func(o string) bool { return o != "applied" }) {
-		t.Errorf("outcomes %q, want 6 applied", e.outcomes)
+	if got := e.waitOutcomes(6); len(got) != 6 || slices.ContainsFunc(got, func(o string) bool { return o != "applied" }) {
+		t.Errorf("outcomes %q, want 6 applied", got)
 	}
 }
 
@@ -339,10 +354,8 @@ func TestRetrierAppliedMeanwhile(t *testing.T) {
 	if n := e.handler.calls.Load(); n != 0 {
 		t.Errorf("the handler ran %d times, want 0", n)
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if !slices.Equal(e.outcomes, []string{"duplicate"}) {
-		t.Errorf("outcomes %q, want duplicate", e.outcomes)
+	if got := e.waitOutcomes(1); !slices.Equal(got, []string{"duplicate"}) {
+		t.Errorf("outcomes %q, want duplicate", got)
 	}
 }
 
