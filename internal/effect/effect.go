@@ -62,6 +62,12 @@ type BatchHandler interface {
 //  3. complete: the key's inbox row, the Completion Call returned and the lease's release, in one
 //     transaction.
 //
+// The claims of several messages may share a transaction, and so may their completions: a busy
+// worker commits the steps that arrive together in one transaction (each message keeps its own
+// outcome). When such a transaction fails, each of its messages does the step again alone, so that
+// one message's failure is charged to it only: Check and a Completion may run twice, the first time
+// in a transaction that is rolled back, and must report what they did through AfterCommit.
+//
 // A process that dies between Call and the commit leaves the lease to expire; the message, delivered
 // again, is claimed anew and Call runs again with the same idempotency key (d.Key), which the other
 // service must honour so that the effect happens once. A permanent error records nothing, releases
@@ -78,8 +84,9 @@ type CallHandler interface {
 	Call(ctx context.Context, d Delivery) (Completion, error)
 }
 
-// Completion records a call's result through tx, the transaction that writes the key's inbox row. It
-// does database work only, and runs at most once per Call.
+// Completion records a call's result through tx, the transaction that writes the key's inbox row,
+// which may write other keys' too. It does database work only, and commits at most once per Call; it
+// may run once more first, in a transaction rolled back for another message's sake.
 type Completion = inbox.Effect
 
 // CallLease is how long a claim on a key lasts before another worker may take it over. A call gets

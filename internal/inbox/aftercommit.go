@@ -49,8 +49,11 @@ func withAfterCommit(ctx context.Context) (context.Context, *afterCommitActions)
 	return context.WithValue(ctx, afterCommitKey{}, actions), actions
 }
 
-// run runs the actions once the transaction committed.
+// run runs the actions once the transaction committed. A nil list has none.
 func (a *afterCommitActions) run(ctx context.Context) {
+	if a == nil {
+		return
+	}
 	a.mu.Lock()
 	list := a.list
 	a.list = nil

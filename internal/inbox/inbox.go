@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -95,6 +96,9 @@ type Config struct {
 type Store struct {
 	pool   *pgxpool.Pool
 	config Config
+	// claimers and completers hold a grouper per handler name, of the claims and of the
+	// completions of the handler's calls (see ProcessCall): the groups in which they commit.
+	claimers, completers sync.Map
 }
 
 // NewStore returns a Store over pool, which must reach a migrated database.

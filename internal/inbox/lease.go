@@ -26,6 +26,11 @@ import (
 //  3. complete, in one transaction: the key's inbox row, the effect Run returned (the handler's
 //     record of the call) and the release of the lease.
 //
+// The claims of one handler's calls share transactions when they arrive together, and so do their
+// completions (see group.go): a busy worker commits many messages per transaction, and each still
+// gets its own outcome. So Check and the effect may run in a group's transaction that fails for
+// another message's sake, and run again, alone.
+//
 // The other service must accept a repeated call with the same idempotency key as one: a process that
 // dies between the call and the commit leaves its lease to expire, and the next delivery takes the
 // lease over and calls again with the same key.
@@ -71,9 +76,15 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 	// Postgres's clock, whatever their offset.
 	deadline := time.Now().Add(call.Lease * 2 / 3)
 	l := &lease{msg: msg, holder: newHolder()}
-	outcome, err := s.lease(ctx, l, call)
+	outcome, err := s.claimLease(ctx, l, call)
 	if err != nil || outcome != "" {
 		return outcome, err
+	}
+	if ctx.Err() != nil {
+		// Ended while the claim's group committed: no call was made, and the next claim need not
+		// wait for the lease to expire.
+		s.release(ctx, l, false)
+		return "", Classify(fmt.Errorf("inbox: %w", context.Cause(ctx)))
 	}
 
 	callCtx, cancel := context.WithDeadline(ctx, deadline)
@@ -92,25 +103,12 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 		return "", err
 	}
 
-	var lost bool
-	outcome, err = s.Process(ctx, msg, func(ctx context.Context, tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, forgetLeaseSQL, msg.Handler, msg.Key, l.holder)
-		if err != nil {
-			return Classify(fmt.Errorf("inbox: release the lease: %w", err))
-		}
-		// No row: another claim took the lease over after it expired, so this call outlived its
-		// lease, which its deadline should prevent. Its result is still true, and is recorded; the
-		// other claim's completion will find the key applied.
-		lost = tag.RowsAffected() == 0
-		return effect(ctx, tx)
-	})
+	outcome, lost, err := s.complete(ctx, msg, l.holder, effect)
 	switch {
 	case err != nil:
 		// Nothing committed: the retry, if any, calls again.
 		kind, _, _ := fault.Classify(err)
 		s.release(ctx, l, kind == fault.KindPermanent)
-	case outcome != Applied:
-		s.release(ctx, l, true) // recorded by another claim
 	case lost:
 		s.config.Logger.WarnContext(ctx, "the lease on the key was taken over while the call ran",
 			slog.String("handler", msg.Handler), slog.String("key", msg.Key))
@@ -155,8 +153,9 @@ WHERE handler = $1 AND idempotency_key = $2 AND holder = $3`
 	forgetLeaseSQL = `DELETE FROM inbox_leases WHERE handler = $1 AND idempotency_key = $2 AND holder = $3`
 )
 
-// lease is step 1 of ProcessCall: in one transaction, it takes l's lease, then looks for the key's
-// inbox row, then runs call.Check. It returns Duplicate or KeyReused (and keeps no lease) when the
+// lease is step 1 of ProcessCall for one message alone, as a claim does when the group it was in
+// failed (see claimLease and commitClaims, which do the same for several): in one transaction, it
+// takes l's lease, then looks for the key's inbox row, then runs call.Check. It returns Duplicate or KeyReused (and keeps no lease) when the
 // key is applied, "" when the lease is held.
 //
 // The lease is taken before the inbox row is looked for: a claim that waited for another's

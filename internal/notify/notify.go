@@ -2,11 +2,13 @@
 //
 // Handler is a call handler (see effect.CallHandler): the send is a network call, made with no
 // transaction open and no database connection held. The consumer claims the message's key first (a
-// lease, in a short transaction of its own, in which Check decodes the event and looks for the key in
+// lease, in a short transaction, in which Check decodes the event and looks for the key in
 // notifications); Call then sends it through a Sender with the message's idempotency key; the
 // completion Call returns records a notifications row (status SENT, the provider's message id) in the
 // transaction that writes the key's inbox row and releases the lease, so the row and the inbox key
-// commit together or not at all. A failed send records nothing; the consumer retries the message
+// commit together or not at all. Claims, and completions, of SMS that arrive together share
+// transactions (see effect.CallHandler); the line logging a sent SMS is written once its record
+// committed. A failed send records nothing; the consumer retries the message
 // later, and the retry sends again with the same key. The lease keeps two workers from sending for
 // one key at the same time.
 //
@@ -151,14 +153,18 @@ func (h *Handler) Call(ctx context.Context, d effect.Delivery) (effect.Completio
 		h.logger.WarnContext(ctx, "sms provider accepted the message without an id; recording it with none",
 			slog.Any("sms", sms))
 	}
-	// What happened at the provider, whether or not the record of it commits.
-	h.logger.InfoContext(ctx, "sms accepted by the provider", slog.Any("sms", sms),
-		slog.String("provider_message_id", id), slog.Int("attempt", d.Attempt))
 	return func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, insertNotificationSQL, sms.Key, sms.To, sms.Template, storedID, max(d.Attempt, 1))
 		if err != nil {
 			return fmt.Errorf("notify: record notification: %w", err)
 		}
+		// Logged once the record commits, which may be in a transaction that records other SMS too
+		// and is rolled back and done again alone: a line for what is recorded, once. A send whose
+		// record does not commit is sent again, with the same key, and logged then.
+		effect.AfterCommit(ctx, func(ctx context.Context) {
+			h.logger.InfoContext(ctx, "sms accepted by the provider", slog.Any("sms", sms),
+				slog.String("provider_message_id", id), slog.Int("attempt", d.Attempt))
+		})
 		return nil
 	}, nil
 }

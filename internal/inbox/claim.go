@@ -1,0 +1,174 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// leaseClaim is step 1 of one call (see ProcessCall), waiting for, or in, a group (see group.go).
+type leaseClaim struct {
+	member
+	lease *lease
+	call  Call
+	// Set by the group's commit: the key's outcome ("" when the lease was taken and the call is to
+	// be made), or the error that ends this message's attempt without a lease (another claim's lease
+	// is live), and the actions Check registered with AfterCommit.
+	outcome Outcome
+	err     error
+	actions *afterCommitActions
+}
+
+func (c *leaseClaim) base() *member { return &c.member }
+
+// claimer returns the grouper of handler's claims.
+func (s *Store) claimer(handler string) *grouper[*leaseClaim] {
+	if g, ok := s.claimers.Load(handler); ok {
+		return g.(*grouper[*leaseClaim])
+	}
+	g, _ := s.claimers.LoadOrStore(handler, &grouper[*leaseClaim]{
+		// One statement takes the group's leases, and can take each key's once.
+		admits: func(group []*leaseClaim, c *leaseClaim) bool {
+			return !slices.ContainsFunc(group, func(o *leaseClaim) bool { return o.lease.msg.Key == c.lease.msg.Key })
+		},
+		commit: s.commitClaims,
+	})
+	return g.(*grouper[*leaseClaim])
+}
+
+// claimLease is step 1 of ProcessCall for l, in a transaction that other claims of l's handler may
+// share: it takes l's lease and runs call.Check, as lease does.
+func (s *Store) claimLease(ctx context.Context, l *lease, call Call) (Outcome, error) {
+	c := &leaseClaim{member: newMember(ctx), lease: l, call: call}
+	switch err := s.claimer(l.msg.Handler).do(c); {
+	case errors.Is(err, errAlone):
+		return s.lease(ctx, l, call)
+	case err != nil:
+		return "", err
+	}
+	c.actions.run(ctx)
+	return c.outcome, c.err
+}
+
+// takeLeasesSQL is takeLeaseSQL for several keys, in key order (so that groups racing over some of
+// the same keys queue behind each other instead of deadlocking); it returns the keys whose lease it
+// took.
+const takeLeasesSQL = `
+INSERT INTO inbox_leases (handler, idempotency_key, holder, expires_at, attempts)
+SELECT $1, m.key, m.holder, now() + m.lease * interval '1 microsecond', 1
+FROM unnest($2::text[], $3::text[], $4::bigint[]) AS m(key, holder, lease)
+ORDER BY m.key
+ON CONFLICT (handler, idempotency_key) DO UPDATE
+SET holder = excluded.holder, expires_at = excluded.expires_at, attempts = inbox_leases.attempts + 1,
+    claimed_at = now()
+WHERE inbox_leases.expires_at <= now()
+RETURNING idempotency_key, attempts`
+
+// commitClaims commits a group of claims in one transaction, with what lease does for one: one
+// statement takes the leases, one looks for the keys' inbox rows, Check runs for each key neither
+// applied nor leased by another claim, and one statement deletes the leases taken for keys found
+// applied (lease rolls its transaction back instead, which the others' leases forbid here). An error
+// of one Check fails the group: its claims are taken again one by one, and the faulty message ends
+// its attempt without a lease, as lease says.
+func (s *Store) commitClaims(ctx context.Context, group []*leaseClaim) error {
+	handler := group[0].lease.msg.Handler
+	keys, holders, leases := make([]string, len(group)), make([]string, len(group)), make([]int64, len(group))
+	for i, c := range group {
+		keys[i], holders[i], leases[i] = c.lease.msg.Key, c.lease.holder, c.call.Lease.Microseconds()
+	}
+	return WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		b.Queue(`SELECT set_config('synchronous_commit', $1, true)`, claimSynchronousCommit)
+		b.Queue(takeLeasesSQL, handler, keys, holders, leases)
+		// One lookup by primary key per key (see resolveConflicts).
+		b.Queue(`
+			SELECT k.key, (SELECT fingerprint FROM inbox WHERE handler = $1 AND idempotency_key = k.key)
+			FROM unnest($2::text[]) AS k(key)`, handler, keys)
+		results := tx.SendBatch(ctx, b)
+		_, err := results.Exec()
+		taken := make(map[string]int, len(group)) // attempts, by key
+		if err == nil {
+			var key string
+			var attempts int
+			rows, _ := results.Query()
+			_, err = pgx.ForEachRow(rows, []any{&key, &attempts}, func() error {
+				taken[key] = attempts
+				return nil
+			})
+		}
+		stored := make(map[string][]byte, len(group))
+		if err == nil {
+			var key string
+			var fingerprint []byte
+			rows, _ := results.Query()
+			_, err = pgx.ForEachRow(rows, []any{&key, &fingerprint}, func() error {
+				if fingerprint != nil {
+					stored[key] = fingerprint
+				}
+				return nil
+			})
+		}
+		if err := errors.Join(err, results.Close()); err != nil {
+			return Classify(fmt.Errorf("inbox: claim the leases: %w", err))
+		}
+
+		var forget []int // claims whose lease, taken, goes: their keys are applied
+		for i, c := range group {
+			msg := c.lease.msg
+			attempts, isTaken := taken[msg.Key]
+			c.lease.attempts = attempts
+			switch fp, found := stored[msg.Key]; {
+			case found && string(fp) == string(msg.Fingerprint[:]):
+				c.outcome = Duplicate
+			case found:
+				c.outcome = KeyReused
+			case !isTaken:
+				c.err = s.leaseHeld(ctx, tx, msg)
+				if !errors.Is(c.err, ErrLeaseHeld) {
+					return c.err // Postgres failed
+				}
+				continue
+			case c.call.Check == nil:
+				continue
+			default:
+				mctx, actions, stop := memberContext(ctx, &c.member)
+				err := c.call.Check(mctx, tx)
+				stop()
+				c.actions = actions
+				switch {
+				case errors.Is(err, ErrAlreadyApplied):
+					// Applied under this key before its inbox row expired: remember the key again.
+					outcome, err := s.claim(ctx, tx, msg)
+					if err != nil {
+						return err
+					}
+					c.outcome = outcome
+					if outcome == Applied {
+						c.outcome = Duplicate
+					}
+				case err != nil:
+					return &BatchError{Index: i, Err: classifyEffectError(ctx, tx, err)}
+				default:
+					continue
+				}
+			}
+			if isTaken {
+				forget = append(forget, i)
+			}
+		}
+		if len(forget) == 0 {
+			return nil
+		}
+		forgetKeys, forgetHolders := make([]string, len(forget)), make([]string, len(forget))
+		for j, i := range forget {
+			forgetKeys[j], forgetHolders[j] = keys[i], holders[i]
+		}
+		if _, err := tx.Exec(ctx, forgetLeasesSQL, handler, forgetKeys, forgetHolders); err != nil {
+			return Classify(fmt.Errorf("inbox: release the leases: %w", err))
+		}
+		return nil
+	})
+}
