@@ -155,8 +155,8 @@ WHERE handler = $1 AND idempotency_key = $2 AND holder = $3`
 
 // lease is step 1 of ProcessCall for one message alone, as a claim does when the group it was in
 // failed (see claimLease and commitClaims, which do the same for several): in one transaction, it
-// takes l's lease, then looks for the key's inbox row, then runs call.Check. It returns Duplicate or KeyReused (and keeps no lease) when the
-// key is applied, "" when the lease is held.
+// takes l's lease, then looks for the key's inbox row, then runs call.Check. It returns Duplicate or
+// KeyReused (and keeps no lease) when the key is applied, "" when the lease is held.
 //
 // The lease is taken before the inbox row is looked for: a claim that waited for another's
 // completion (which deletes the lease row and writes the inbox row in one transaction) then reads

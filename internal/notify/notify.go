@@ -8,9 +8,9 @@
 // transaction that writes the key's inbox row and releases the lease, so the row and the inbox key
 // commit together or not at all. Claims, and completions, of SMS that arrive together share
 // transactions (see effect.CallHandler); the line logging a sent SMS is written once its record
-// committed. A failed send records nothing; the consumer retries the message
-// later, and the retry sends again with the same key. The lease keeps two workers from sending for
-// one key at the same time.
+// committed. A failed send records nothing; the consumer retries the message later, and the retry
+// sends again with the same key. The lease keeps two workers from sending for one key at the same
+// time.
 //
 // Two senders: HTTPSender speaks the HTTP provider contract (Idempotency-Key header, JSON body, status
 // codes mapped to package fault); LogSender only logs, for development and for deployments without a
