@@ -33,6 +33,7 @@ func TestGroupLag(t *testing.T) {
 	var consumers []*consumer.Consumer
 	for range 2 {
 		config := e.config(&recorder{})
+		config.LagInterval = 50 * time.Millisecond
 		reg := prometheus.NewRegistry()
 		config.Metrics = consumer.NewMetrics(reg)
 		c, _ := e.start(config)

@@ -207,6 +207,7 @@ func testLag(t *testing.T, mode testMode) {
 		}
 		return nil
 	}})
+	config.LagInterval = 50 * time.Millisecond
 	e.start(config)
 	e.produce(append([]string{"first"}, keys("then", 9)...)...)
 	lag := config.Metrics.Lag.WithLabelValues(topic, "0")

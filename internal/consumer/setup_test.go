@@ -179,8 +179,10 @@ func testConfig(broker string, pool *pgxpool.Pool, store *inbox.Store, h any,
 		Transactions:      mode.tx,
 		Ordering:          mode.order,
 		ShutdownTimeout:   5 * time.Second,
-		LagInterval:       50 * time.Millisecond,
-		ParkStatsInterval: 50 * time.Millisecond,
+		// Often enough for a test to see the gauges move soon; TestLag and TestGroupLag refresh
+		// the lag more often.
+		LagInterval:       time.Second,
+		ParkStatsInterval: 100 * time.Millisecond,
 		Store:             store,
 		DeadLetters:       deadletter.NewStore(pool),
 		Metrics:           consumer.NewMetrics(prometheus.NewRegistry()),
@@ -271,14 +273,11 @@ func (e *env) committed() int64 {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	transport := &kafka.Transport{}
-	defer transport.CloseIdleConnections()
-	client := &kafka.Client{Addr: kafka.TCP(e.kafka.Addr), Transport: transport}
 	partitions := make([]int, e.partitions)
 	for p := range partitions {
 		partitions[p] = p
 	}
-	resp, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: partitions}})
+	resp, err := e.kafka.Client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: partitions}})
 	if errors.Is(err, kafka.GroupIdNotFound) || err == nil && errors.Is(resp.Error, kafka.GroupIdNotFound) {
 		return 0
 	}

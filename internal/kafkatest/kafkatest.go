@@ -17,6 +17,9 @@ type Cluster struct {
 	*kfake.Cluster
 	// Addr is the broker's address.
 	Addr string
+	// Client is a client of the broker whose connections are kept for the test's next request:
+	// tests poll committed offsets every few milliseconds.
+	Client *kafka.Client
 }
 
 // Start starts a one-broker cluster with topics created (partitions each), closed when the test
@@ -32,7 +35,10 @@ func Start(tb testing.TB, partitions int32, topics ...string) *Cluster {
 		tb.Fatalf("kafkatest: start broker: %v", err)
 	}
 	tb.Cleanup(c.Close)
-	return &Cluster{Cluster: c, Addr: c.ListenAddrs()[0]}
+	addr := c.ListenAddrs()[0]
+	transport := &kafka.Transport{}
+	tb.Cleanup(transport.CloseIdleConnections)
+	return &Cluster{Cluster: c, Addr: addr, Client: &kafka.Client{Addr: kafka.TCP(addr), Transport: transport}}
 }
 
 // Produce writes msgs to topic and waits for the broker's acknowledgement. Messages go to the
@@ -105,10 +111,7 @@ func (c *Cluster) CommittedOffset(tb testing.TB, group, topic string, partition 
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	transport := &kafka.Transport{}
-	defer transport.CloseIdleConnections()
-	client := &kafka.Client{Addr: kafka.TCP(c.Addr), Transport: transport}
-	resp, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{
+	resp, err := c.Client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{
 		GroupID: group,
 		Topics:  map[string][]int{topic: {partition}},
 	})
