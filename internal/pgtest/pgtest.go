@@ -46,6 +46,7 @@ func Main(m *testing.M, cleanups ...func()) {
 		cleanup()
 	}
 	shared.close()
+	admin.close()
 	if code == 0 {
 		// Find retries for a while: goroutines that were told to stop may take a moment to return.
 		if err := goleak.Find(); err != nil {
@@ -149,12 +150,11 @@ func createSchema(migrate bool) (*DB, error) {
 	_, _ = rand.Read(suffix)
 	schema := "test_" + hex.EncodeToString(suffix)
 
-	admin, err := pgx.Connect(ctx, ServerURL())
+	adminPool, err := admin.get()
 	if err != nil {
 		return nil, err
 	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+	if _, err := adminPool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		return nil, err
 	}
 
@@ -184,10 +184,38 @@ func (db *DB) drop() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	admin, err := pgx.Connect(ctx, ServerURL())
+	adminPool, err := admin.get()
 	if err != nil {
 		return
 	}
-	defer admin.Close(ctx)
-	_, _ = admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+db.Schema+" CASCADE")
+	_, _ = adminPool.Exec(ctx, "DROP SCHEMA IF EXISTS "+db.Schema+" CASCADE")
+}
+
+// admin is the test binary's pool of connections to the server, outside any test schema, that
+// creates and drops the schemas: a connection's start costs the server more than the statements.
+var admin adminPool
+
+type adminPool struct {
+	once sync.Once
+	pool *pgxpool.Pool
+	err  error
+}
+
+func (a *adminPool) get() (*pgxpool.Pool, error) {
+	a.once.Do(func() {
+		config, err := pgxpool.ParseConfig(ServerURL())
+		if err != nil {
+			a.err = err
+			return
+		}
+		config.MaxConns = 4
+		a.pool, a.err = pgxpool.NewWithConfig(context.Background(), config)
+	})
+	return a.pool, a.err
+}
+
+func (a *adminPool) close() {
+	if a.pool != nil {
+		a.pool.Close()
+	}
 }
