@@ -26,17 +26,15 @@ func (c *leaseClaim) base() *member { return &c.member }
 
 // claimer returns the grouper of handler's claims.
 func (s *Store) claimer(handler string) *grouper[*leaseClaim] {
-	if g, ok := s.claimers.Load(handler); ok {
-		return g.(*grouper[*leaseClaim])
-	}
-	g, _ := s.claimers.LoadOrStore(handler, &grouper[*leaseClaim]{
-		// One statement takes the group's leases, and can take each key's once.
-		admits: func(group []*leaseClaim, c *leaseClaim) bool {
-			return !slices.ContainsFunc(group, func(o *leaseClaim) bool { return o.lease.msg.Key == c.lease.msg.Key })
-		},
-		commit: s.commitClaims,
+	return grouperOf(&s.claimers, handler, func() *grouper[*leaseClaim] {
+		return &grouper[*leaseClaim]{
+			// One statement takes the group's leases, and can take each key's once.
+			admits: func(group []*leaseClaim, c *leaseClaim) bool {
+				return !slices.ContainsFunc(group, func(o *leaseClaim) bool { return o.lease.msg.Key == c.lease.msg.Key })
+			},
+			commit: s.commitClaims,
+		}
 	})
-	return g.(*grouper[*leaseClaim])
 }
 
 // claimLease is step 1 of ProcessCall for l, in a transaction that other claims of l's handler may

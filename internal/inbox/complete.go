@@ -26,15 +26,13 @@ func (c *completion) base() *member { return &c.member }
 
 // completer returns the grouper of handler's completions.
 func (s *Store) completer(handler string) *grouper[*completion] {
-	if g, ok := s.completers.Load(handler); ok {
-		return g.(*grouper[*completion])
-	}
-	g, _ := s.completers.LoadOrStore(handler, &grouper[*completion]{
-		// A key occurs once in a group: its lease keeps two calls of it from completing at once.
-		admits: func([]*completion, *completion) bool { return true },
-		commit: s.commitCompletions,
+	return grouperOf(&s.completers, handler, func() *grouper[*completion] {
+		return &grouper[*completion]{
+			// A key occurs once in a group: its lease keeps two calls of it from completing at once.
+			admits: func([]*completion, *completion) bool { return true },
+			commit: s.commitCompletions,
+		}
 	})
-	return g.(*grouper[*completion])
 }
 
 // complete is step 3 of ProcessCall for msg, whose lease holder holds and whose call returned

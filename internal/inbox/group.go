@@ -54,11 +54,23 @@ type member struct {
 
 func newMember(ctx context.Context) member { return member{ctx: ctx, done: make(chan struct{})} }
 
-// grouper commits the steps queued in it, of type T, in groups, one group at a time.
-type grouper[T interface {
+// step is a claim or a completion, as a grouper queues it.
+type step interface {
 	comparable
 	base() *member
-}] struct {
+}
+
+// grouperOf returns the grouper of handler's steps in groupers, made by newGrouper the first time.
+func grouperOf[T step](groupers *sync.Map, handler string, newGrouper func() *grouper[T]) *grouper[T] {
+	if g, ok := groupers.Load(handler); ok {
+		return g.(*grouper[T])
+	}
+	g, _ := groupers.LoadOrStore(handler, newGrouper())
+	return g.(*grouper[T])
+}
+
+// grouper commits the steps queued in it, of type T, in groups, one group at a time.
+type grouper[T step] struct {
 	// admits reports whether m may join group: a group holds each key at most once.
 	admits func(group []T, m T) bool
 	// commit commits group in one transaction, with ctx, and sets each member's result, or returns
