@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/inboxworker/inboxworker/internal/effect"
+	"github.com/inboxworker/inboxworker/internal/jsonobject"
 )
 
 // Result is what the provider says happened to a payment.
@@ -74,35 +75,53 @@ func Decode(value []byte) (Callback, error) {
 	if !utf8.Valid(value) {
 		return Callback{}, invalid("payload", "not valid UTF-8")
 	}
-	if trimmed := bytes.TrimLeft(value, " \t\r\n"); len(trimmed) == 0 || trimmed[0] != '{' {
-		return Callback{}, invalid("payload", "not a JSON object")
+	obj, err := jsonobject.Parse(value)
+	if err != nil {
+		return Callback{}, invalid("payload", "%v", err)
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(value, &fields); err != nil {
-		return Callback{}, invalid("payload", "not a JSON object: %v", err)
+	// Of a name given twice, the last member counts, as when the object is read into a map.
+	var eventID, orderNo, provider, providerTxnID, amountRaw, currencyRaw, resultRaw, paidAtRaw []byte
+	for m := range obj.Members() {
+		switch {
+		case m.Is("event_id"):
+			eventID = m.Value
+		case m.Is("order_no"):
+			orderNo = m.Value
+		case m.Is("provider"):
+			provider = m.Value
+		case m.Is("provider_txn_id"):
+			providerTxnID = m.Value
+		case m.Is("amount"):
+			amountRaw = m.Value
+		case m.Is("currency"):
+			currencyRaw = m.Value
+		case m.Is("result"):
+			resultRaw = m.Value
+		case m.Is("paid_at"):
+			paidAtRaw = m.Value
+		}
 	}
 
 	var cb Callback
-	var err error
-	text := func(name string, required bool) string {
+	text := func(name string, raw []byte, required bool) string {
 		if err != nil {
 			return ""
 		}
 		var s string
-		s, err = stringField(fields, name, required)
+		s, err = stringField(name, raw, required)
 		if err == nil && s != "" {
 			err = checkText(name, s)
 		}
 		return s
 	}
-	cb.EventID = text("event_id", false)
-	cb.OrderNo = text("order_no", true)
-	cb.Provider = text("provider", true)
-	cb.ProviderTxnID = text("provider_txn_id", true)
-	amount := text("amount", true)
-	currency := text("currency", true)
-	result := text("result", true)
-	paidAt := text("paid_at", true)
+	cb.EventID = text("event_id", eventID, false)
+	cb.OrderNo = text("order_no", orderNo, true)
+	cb.Provider = text("provider", provider, true)
+	cb.ProviderTxnID = text("provider_txn_id", providerTxnID, true)
+	amount := text("amount", amountRaw, true)
+	currency := text("currency", currencyRaw, true)
+	result := text("result", resultRaw, true)
+	paidAt := text("paid_at", paidAtRaw, true)
 	if err != nil {
 		return Callback{}, err
 	}
@@ -126,11 +145,11 @@ func Decode(value []byte) (Callback, error) {
 	return cb, nil
 }
 
-// stringField returns fields[name], which must be a JSON string when present. A missing or null
-// field is "" (an error when required); an empty string is an error either way.
-func stringField(fields map[string]json.RawMessage, name string, required bool) (string, error) {
-	raw, ok := fields[name]
-	if !ok || string(raw) == "null" {
+// stringField returns the string of field name, whose raw JSON value is raw (nil when the object has
+// no such member), which must be a JSON string when present. A missing or null field is "" (an error
+// when required); an empty string is an error either way.
+func stringField(name string, raw []byte, required bool) (string, error) {
+	if raw == nil || string(raw) == "null" {
 		if required {
 			return "", invalid(name, "required")
 		}
@@ -144,7 +163,8 @@ func stringField(fields map[string]json.RawMessage, name string, required bool) 
 	}
 	s, ok := plainString(raw)
 	if !ok {
-		if err := json.Unmarshal(raw, &s); err != nil {
+		var err error
+		if s, err = unquote(raw); err != nil {
 			return "", invalid(name, "%v", err)
 		}
 	}
@@ -157,11 +177,19 @@ func stringField(fields map[string]json.RawMessage, name string, required bool) 
 // plainString returns the JSON string raw, taken from a validated UTF-8 document, when it has no
 // escapes: then its text is what is between the quotes, and json.Unmarshal need not run. Most
 // fields are such strings.
-func plainString(raw json.RawMessage) (string, bool) {
+func plainString(raw []byte) (string, bool) {
 	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' || bytes.IndexByte(raw, '\\') >= 0 {
 		return "", false
 	}
 	return string(raw[1 : len(raw)-1]), true
+}
+
+// unquote decodes the JSON string raw with encoding/json, for a string with escapes. (Apart from
+// plainString's path, so that the fast path's string needs no allocation of its own.)
+func unquote(raw []byte) (string, error) {
+	var s string
+	err := json.Unmarshal(raw, &s)
+	return s, err
 }
 
 // checkText enforces what every string field shares: at most maxTextLen characters and no control
@@ -191,7 +219,7 @@ func parseAmount(s string) (string, error) {
 	return whole + "." + (frac + "00")[:2], nil
 }
 
-func jsonKind(raw json.RawMessage) string {
+func jsonKind(raw []byte) string {
 	switch raw[0] {
 	case '{':
 		return "object"
