@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 	"unicode"
@@ -58,12 +57,6 @@ func (e *FieldError) Error() string {
 func invalid(field, format string, args ...any) error {
 	return effect.Permanent(effect.InvalidPayload, &FieldError{Field: field, Problem: fmt.Sprintf(format, args...)})
 }
-
-var (
-	// At most ten integer digits (numeric(12,2)), no sign, no leading zeros, at most two places.
-	amountPattern   = regexp.MustCompile(`^(0|[1-9][0-9]{0,9})(\.[0-9]{1,2})?$`)
-	currencyPattern = regexp.MustCompile(`^[A-Z]{3}$`)
-)
 
 // Decode parses and validates a payment callback. The value must be one JSON object (UTF-8) whose
 // fields are JSON strings: order_no, provider, provider_txn_id, amount (a decimal string with at most
@@ -129,7 +122,7 @@ func Decode(value []byte) (Callback, error) {
 	if cb.Amount, err = parseAmount(amount); err != nil {
 		return Callback{}, err
 	}
-	if !currencyPattern.MatchString(currency) {
+	if !isCurrency(currency) {
 		return Callback{}, invalid("currency", "must be three upper-case letters (ISO 4217), got %s", quote(currency))
 	}
 	cb.Currency = currency
@@ -212,12 +205,36 @@ func parseAmount(s string) (string, error) {
 	if strings.HasPrefix(s, "-") {
 		return "", invalid("amount", "must not be negative, got %s", quote(s))
 	}
-	if !amountPattern.MatchString(s) {
+	if !isAmount(s) {
 		return "", invalid("amount", "must be a decimal with at most 2 places and 10 integer digits, like \"99.90\", got %s", quote(s))
 	}
 	whole, frac, _ := strings.Cut(s, ".")
 	return whole + "." + (frac + "00")[:2], nil
 }
+
+// isAmount reports whether s is a decimal numeric(12,2) holds: one to ten integer digits, without
+// a sign or leading zeros, then optionally a point and one or two places.
+func isAmount(s string) bool {
+	whole, places, point := strings.Cut(s, ".")
+	return len(whole) >= 1 && len(whole) <= 10 && isDigits(whole) && (whole[0] != '0' || whole == "0") &&
+		(!point || len(places) >= 1 && len(places) <= 2 && isDigits(places))
+}
+
+func isDigits(s string) bool {
+	for i := range len(s) {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// isCurrency reports whether s is three upper-case letters, as ISO 4217 codes are.
+func isCurrency(s string) bool {
+	return len(s) == 3 && isUpper(s[0]) && isUpper(s[1]) && isUpper(s[2])
+}
+
+func isUpper(c byte) bool { return 'A' <= c && c <= 'Z' }
 
 func jsonKind(raw []byte) string {
 	switch raw[0] {
