@@ -77,8 +77,8 @@ func IdempotencyKey(m kafka.Message) (string, fault.Reason, error) {
 		return "", fault.InvalidIdempotencyKey,
 			fmt.Errorf("invalid idempotency key in JSON field %s: a \\u escape of an unpaired UTF-16 surrogate", keyField)
 	}
-	var key string
-	if err := json.Unmarshal(raw, &key); err != nil {
+	key, err := jsonobject.Unquote(raw)
+	if err != nil {
 		return "", fault.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key: JSON field %s is not a string", keyField)
 	}
 	return checkKey(key, "JSON field "+keyField)

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"iter"
 	"strings"
+	"unicode/utf8"
 )
 
 // ErrNotObject is the error of Parse for a document that is not one JSON object.
@@ -127,4 +128,30 @@ func skipValue(b []byte, i int) int {
 		}
 	}
 	return i
+}
+
+// Unquote returns what encoding/json decodes the JSON string raw to; its error is encoding/json's,
+// for a raw value that is not one. Most strings have no escape and are valid UTF-8: their text is
+// what is between the quotes, and encoding/json need not run.
+func Unquote(raw []byte) (string, error) {
+	if len(raw) >= 2 && raw[0] == '"' && raw[len(raw)-1] == '"' {
+		text := raw[1 : len(raw)-1]
+		if isPlain(text) {
+			return string(text), nil
+		}
+	}
+	var s string
+	err := json.Unmarshal(raw, &s)
+	return s, err
+}
+
+// isPlain reports whether text, between a JSON string's quotes, is its text: valid UTF-8 with no
+// escape, quote or control character.
+func isPlain(text []byte) bool {
+	for _, c := range text {
+		if c < 0x20 || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return utf8.Valid(text)
 }

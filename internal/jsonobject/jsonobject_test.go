@@ -154,6 +154,25 @@ func TestMembersStop(t *testing.T) {
 	}
 }
 
+func TestUnquote(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{`""`, `"a"`, `"订单-1"`, `"a\"b"`, `"\u0065"`, `"\ud800"`, `"k\ud83d\ude00"`,
+		"\"a\xffb\"", `"a\tb"`, "\"a\tb\"", `"a"b"`, `"a`, `a"`, `"`, ``, `null`, `1`, `{}`, `["a"]`} {
+		checkUnquote(t, []byte(raw))
+	}
+}
+
+// checkUnquote checks that Unquote(raw) is what encoding/json decodes raw to.
+func checkUnquote(t *testing.T, raw []byte) {
+	t.Helper()
+	var want string
+	wantErr := json.Unmarshal(raw, &want)
+	got, err := jsonobject.Unquote(raw)
+	if got != want || (err == nil) != (wantErr == nil) {
+		t.Fatalf("Unquote(%q) = %q, %v; encoding/json: %q, %v", raw, got, err, want, wantErr)
+	}
+}
+
 // referenceMembers reads doc's top-level members with encoding/json's token reader: decoded names
 // and raw values. ok is false when encoding/json does not read doc as one object.
 func referenceMembers(doc []byte) (members []member, ok bool) {
@@ -211,6 +230,7 @@ func FuzzParse(f *testing.F) {
 			if !bytes.Equal(m.Value, []byte(want[i].value)) {
 				t.Fatalf("%q: member %d has value %q, want %q", doc, i, m.Value, want[i].value)
 			}
+			checkUnquote(t, m.Value)
 			i++
 		}
 		if i != len(want) {

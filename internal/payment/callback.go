@@ -1,8 +1,6 @@
 package payment
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -154,35 +152,14 @@ func stringField(name string, raw []byte, required bool) (string, error) {
 		}
 		return "", invalid(name, "must be a JSON string, not a JSON %s", jsonKind(raw))
 	}
-	s, ok := plainString(raw)
-	if !ok {
-		var err error
-		if s, err = unquote(raw); err != nil {
-			return "", invalid(name, "%v", err)
-		}
+	s, err := jsonobject.Unquote(raw)
+	if err != nil {
+		return "", invalid(name, "%v", err)
 	}
 	if s == "" {
 		return "", invalid(name, "must not be empty")
 	}
 	return s, nil
-}
-
-// plainString returns the JSON string raw, taken from a validated UTF-8 document, when it has no
-// escapes: then its text is what is between the quotes, and json.Unmarshal need not run. Most
-// fields are such strings.
-func plainString(raw []byte) (string, bool) {
-	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' || bytes.IndexByte(raw, '\\') >= 0 {
-		return "", false
-	}
-	return string(raw[1 : len(raw)-1]), true
-}
-
-// unquote decodes the JSON string raw with encoding/json, for a string with escapes. (Apart from
-// plainString's path, so that the fast path's string needs no allocation of its own.)
-func unquote(raw []byte) (string, error) {
-	var s string
-	err := json.Unmarshal(raw, &s)
-	return s, err
 }
 
 // checkText enforces what every string field shares: at most maxTextLen characters and no control
