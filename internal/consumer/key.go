@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/jsonobject"
 )
 
 // The idempotency key's sources, in order of precedence. Header names match case-insensitively;
@@ -76,88 +77,26 @@ func IdempotencyKey(m kafka.Message) (string, fault.Reason, error) {
 		return "", fault.InvalidIdempotencyKey,
 			fmt.Errorf("invalid idempotency key in JSON field %s: a \\u escape of an unpaired UTF-16 surrogate", keyField)
 	}
-	var key string
-	if err := json.Unmarshal(raw, &key); err != nil {
+	key, err := jsonobject.Unquote(raw)
+	if err != nil {
 		return "", fault.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key: JSON field %s is not a string", keyField)
 	}
 	return checkKey(key, "JSON field "+keyField)
 }
 
 // eventIDs returns the raw values of every top-level member of the JSON object value whose name is
-// exactly keyField, in order; ok is false when value is not one JSON object. It checks the document
-// with json.Valid and then walks only its top level by hand, without decoding the other members.
+// exactly keyField, in order; ok is false when value is not one JSON object.
 func eventIDs(value []byte) (values [][]byte, ok bool) {
-	if !json.Valid(value) {
+	obj, err := jsonobject.Parse(value)
+	if err != nil {
 		return nil, false
 	}
-	i := skipSpace(value, 0)
-	if value[i] != '{' {
-		return nil, false
-	}
-	i = skipSpace(value, i+1)
-	for value[i] != '}' {
-		nameEnd := skipValue(value, i)
-		name := value[i:nameEnd]
-		i = skipSpace(value, skipSpace(value, nameEnd)+1) // past the ':'
-		end := skipValue(value, i)
-		if isKeyField(name) {
-			values = append(values, value[i:end])
-		}
-		i = skipSpace(value, end)
-		if value[i] == ',' {
-			i = skipSpace(value, i+1)
+	for m := range obj.Members() {
+		if m.Is(keyField) {
+			values = append(values, m.Value)
 		}
 	}
 	return values, true
-}
-
-// isKeyField reports whether the JSON string name is keyField, escaped or not.
-func isKeyField(name []byte) bool {
-	if bytes.IndexByte(name, '\\') < 0 {
-		return string(name) == `"`+keyField+`"`
-	}
-	var s string
-	return json.Unmarshal(name, &s) == nil && s == keyField
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// skipValue returns the end of the valid JSON value that starts at b[i].
-func skipValue(b []byte, i int) int {
-	depth := 0
-	for ; i < len(b); i++ {
-		switch b[i] {
-		case '"':
-			for i++; b[i] != '"'; i++ {
-				if b[i] == '\\' {
-					i++
-				}
-			}
-			if depth == 0 {
-				return i + 1
-			}
-		case '{', '[':
-			depth++
-		case '}', ']':
-			if depth == 0 {
-				return i // the end of a number or a literal
-			}
-			depth--
-			if depth == 0 {
-				return i + 1
-			}
-		case ',', ' ', '\t', '\n', '\r':
-			if depth == 0 {
-				return i // the end of a number or a literal
-			}
-		}
-	}
-	return i
 }
 
 // sameJSONString reports whether a and b are JSON strings of the same text written differently

@@ -1,16 +1,14 @@
 package payment
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/inboxworker/inboxworker/internal/effect"
+	"github.com/inboxworker/inboxworker/internal/jsonobject"
 )
 
 // Result is what the provider says happened to a payment.
@@ -58,12 +56,6 @@ func invalid(field, format string, args ...any) error {
 	return effect.Permanent(effect.InvalidPayload, &FieldError{Field: field, Problem: fmt.Sprintf(format, args...)})
 }
 
-var (
-	// At most ten integer digits (numeric(12,2)), no sign, no leading zeros, at most two places.
-	amountPattern   = regexp.MustCompile(`^(0|[1-9][0-9]{0,9})(\.[0-9]{1,2})?$`)
-	currencyPattern = regexp.MustCompile(`^[A-Z]{3}$`)
-)
-
 // Decode parses and validates a payment callback. The value must be one JSON object (UTF-8) whose
 // fields are JSON strings: order_no, provider, provider_txn_id, amount (a decimal string with at most
 // two places: a JSON number is refused, since a float cannot carry money), currency (three upper-case
@@ -74,35 +66,53 @@ func Decode(value []byte) (Callback, error) {
 	if !utf8.Valid(value) {
 		return Callback{}, invalid("payload", "not valid UTF-8")
 	}
-	if trimmed := bytes.TrimLeft(value, " \t\r\n"); len(trimmed) == 0 || trimmed[0] != '{' {
-		return Callback{}, invalid("payload", "not a JSON object")
+	obj, err := jsonobject.Parse(value)
+	if err != nil {
+		return Callback{}, invalid("payload", "%v", err)
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(value, &fields); err != nil {
-		return Callback{}, invalid("payload", "not a JSON object: %v", err)
+	// Of a name given twice, the last member counts, as when the object is read into a map.
+	var eventID, orderNo, provider, providerTxnID, amountRaw, currencyRaw, resultRaw, paidAtRaw []byte
+	for m := range obj.Members() {
+		switch {
+		case m.Is("event_id"):
+			eventID = m.Value
+		case m.Is("order_no"):
+			orderNo = m.Value
+		case m.Is("provider"):
+			provider = m.Value
+		case m.Is("provider_txn_id"):
+			providerTxnID = m.Value
+		case m.Is("amount"):
+			amountRaw = m.Value
+		case m.Is("currency"):
+			currencyRaw = m.Value
+		case m.Is("result"):
+			resultRaw = m.Value
+		case m.Is("paid_at"):
+			paidAtRaw = m.Value
+		}
 	}
 
 	var cb Callback
-	var err error
-	text := func(name string, required bool) string {
+	text := func(name string, raw []byte, required bool) string {
 		if err != nil {
 			return ""
 		}
 		var s string
-		s, err = stringField(fields, name, required)
+		s, err = stringField(name, raw, required)
 		if err == nil && s != "" {
 			err = checkText(name, s)
 		}
 		return s
 	}
-	cb.EventID = text("event_id", false)
-	cb.OrderNo = text("order_no", true)
-	cb.Provider = text("provider", true)
-	cb.ProviderTxnID = text("provider_txn_id", true)
-	amount := text("amount", true)
-	currency := text("currency", true)
-	result := text("result", true)
-	paidAt := text("paid_at", true)
+	cb.EventID = text("event_id", eventID, false)
+	cb.OrderNo = text("order_no", orderNo, true)
+	cb.Provider = text("provider", provider, true)
+	cb.ProviderTxnID = text("provider_txn_id", providerTxnID, true)
+	amount := text("amount", amountRaw, true)
+	currency := text("currency", currencyRaw, true)
+	result := text("result", resultRaw, true)
+	paidAt := text("paid_at", paidAtRaw, true)
 	if err != nil {
 		return Callback{}, err
 	}
@@ -110,7 +120,7 @@ func Decode(value []byte) (Callback, error) {
 	if cb.Amount, err = parseAmount(amount); err != nil {
 		return Callback{}, err
 	}
-	if !currencyPattern.MatchString(currency) {
+	if !isCurrency(currency) {
 		return Callback{}, invalid("currency", "must be three upper-case letters (ISO 4217), got %s", quote(currency))
 	}
 	cb.Currency = currency
@@ -126,11 +136,11 @@ func Decode(value []byte) (Callback, error) {
 	return cb, nil
 }
 
-// stringField returns fields[name], which must be a JSON string when present. A missing or null
-// field is "" (an error when required); an empty string is an error either way.
-func stringField(fields map[string]json.RawMessage, name string, required bool) (string, error) {
-	raw, ok := fields[name]
-	if !ok || string(raw) == "null" {
+// stringField returns the string of field name, whose raw JSON value is raw (nil when the object has
+// no such member), which must be a JSON string when present. A missing or null field is "" (an error
+// when required); an empty string is an error either way.
+func stringField(name string, raw []byte, required bool) (string, error) {
+	if raw == nil || string(raw) == "null" {
 		if required {
 			return "", invalid(name, "required")
 		}
@@ -142,26 +152,14 @@ func stringField(fields map[string]json.RawMessage, name string, required bool) 
 		}
 		return "", invalid(name, "must be a JSON string, not a JSON %s", jsonKind(raw))
 	}
-	s, ok := plainString(raw)
-	if !ok {
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return "", invalid(name, "%v", err)
-		}
+	s, err := jsonobject.Unquote(raw)
+	if err != nil {
+		return "", invalid(name, "%v", err)
 	}
 	if s == "" {
 		return "", invalid(name, "must not be empty")
 	}
 	return s, nil
-}
-
-// plainString returns the JSON string raw, taken from a validated UTF-8 document, when it has no
-// escapes: then its text is what is between the quotes, and json.Unmarshal need not run. Most
-// fields are such strings.
-func plainString(raw json.RawMessage) (string, bool) {
-	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' || bytes.IndexByte(raw, '\\') >= 0 {
-		return "", false
-	}
-	return string(raw[1 : len(raw)-1]), true
 }
 
 // checkText enforces what every string field shares: at most maxTextLen characters and no control
@@ -184,14 +182,38 @@ func parseAmount(s string) (string, error) {
 	if strings.HasPrefix(s, "-") {
 		return "", invalid("amount", "must not be negative, got %s", quote(s))
 	}
-	if !amountPattern.MatchString(s) {
+	if !isAmount(s) {
 		return "", invalid("amount", "must be a decimal with at most 2 places and 10 integer digits, like \"99.90\", got %s", quote(s))
 	}
 	whole, frac, _ := strings.Cut(s, ".")
 	return whole + "." + (frac + "00")[:2], nil
 }
 
-func jsonKind(raw json.RawMessage) string {
+// isAmount reports whether s is a decimal numeric(12,2) holds: one to ten integer digits, without
+// a sign or leading zeros, then optionally a point and one or two places.
+func isAmount(s string) bool {
+	whole, places, point := strings.Cut(s, ".")
+	return len(whole) >= 1 && len(whole) <= 10 && isDigits(whole) && (whole[0] != '0' || whole == "0") &&
+		(!point || len(places) >= 1 && len(places) <= 2 && isDigits(places))
+}
+
+func isDigits(s string) bool {
+	for i := range len(s) {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// isCurrency reports whether s is three upper-case letters, as ISO 4217 codes are.
+func isCurrency(s string) bool {
+	return len(s) == 3 && isUpper(s[0]) && isUpper(s[1]) && isUpper(s[2])
+}
+
+func isUpper(c byte) bool { return 'A' <= c && c <= 'Z' }
+
+func jsonKind(raw []byte) string {
 	switch raw[0] {
 	case '{':
 		return "object"
