@@ -176,9 +176,9 @@ func testConfig(broker string, pool *pgxpool.Pool, store *inbox.Store, h any,
 			MaxInterval:     20 * time.Millisecond,
 			MaxElapsed:      5 * time.Second,
 		},
-		Transactions:      mode.tx,
-		Ordering:          mode.order,
-		ShutdownTimeout:   5 * time.Second,
+		Transactions:    mode.tx,
+		Ordering:        mode.order,
+		ShutdownTimeout: 5 * time.Second,
 		// Often enough for a test to see the gauges move soon; TestLag and TestGroupLag refresh
 		// the lag more often.
 		LagInterval:       time.Second,
