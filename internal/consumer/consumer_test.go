@@ -96,7 +96,7 @@ func TestRetry(t *testing.T) {
 			name:        "RetriesExhausted",
 			wantRetries: -1,
 			fail:        func(int) error { return fault.Retryable(errBoom) },
-			maxElapsed:  100 * time.Millisecond,
+			maxElapsed:  time.Second, // time for a retry or more even when an attempt is slow
 			wantReason:  fault.RetriesExhausted,
 			wantError:   "boom",
 		},
@@ -104,7 +104,7 @@ func TestRetry(t *testing.T) {
 			name:        "RetriesExhaustedWithReason",
 			wantRetries: -1,
 			fail:        func(int) error { return fault.RetryableUntil(fault.UnknownOrder, errBoom) },
-			maxElapsed:  100 * time.Millisecond,
+			maxElapsed:  time.Second, // time for a retry or more even when an attempt is slow
 			wantReason:  fault.UnknownOrder,
 			wantError:   "boom",
 		},
