@@ -59,8 +59,6 @@ func runChild() {
 	}
 	h := &recorder{}
 	switch os.Getenv(childEnv) {
-	case dieBeforeOffsetCommit:
-		consumer.SetBeforeOffsetCommit(func(string, int, int64) { die(log, "before the offset commit") })
 	case dieInHandler:
 		key := os.Getenv(childKey)
 		h.after = func(d inbox.Delivery) {
@@ -83,6 +81,9 @@ func runChild() {
 	}
 	c, err := consumer.New(config)
 	if err == nil {
+		if os.Getenv(childEnv) == dieBeforeOffsetCommit {
+			consumer.SetBeforeOffsetCommit(c, func(string, int, int64) { die(log, "before the offset commit") })
+		}
 		err = c.Run(ctx)
 	}
 	if err != nil {

@@ -248,6 +248,9 @@ type Consumer struct {
 
 	started atomic.Bool
 	ready   atomic.Bool
+
+	// beforeOffsetCommit, when set (by tests only, before Run), runs before each offset commit.
+	beforeOffsetCommit func(topic string, partition int, offset int64)
 }
 
 // New returns a Consumer for config, or an error naming the first invalid field.

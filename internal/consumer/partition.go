@@ -18,9 +18,6 @@ import (
 // errStopping is the cause of the end of fetching and waiting once Run's context is cancelled.
 var errStopping = errors.New("consumer: stopping")
 
-// beforeOffsetCommit, when set (by tests only), runs before each offset commit.
-var beforeOffsetCommit func(topic string, partition int, offset int64)
-
 // commitInterval is the least time between two offset commits of a busy partition: messages
 // finishing one by one at hundreds a second share a commit instead of costing one each. A partition
 // whose fetched messages are all finished commits at once.
@@ -362,7 +359,7 @@ func (p *partition) commit() {
 			<-p.room // the fetcher may fetch as many more
 		}
 	}()
-	if hook := beforeOffsetCommit; hook != nil {
+	if hook := p.c.beforeOffsetCommit; hook != nil {
 		hook(p.topic, p.id, offset)
 	}
 	err := p.gen.CommitOffsets(map[string]map[int]int64{p.topic: {p.id: offset}})

@@ -64,14 +64,15 @@ func rebalance(t *testing.T, e *env) {
 
 // TestRebalanceCommitsFinishedOnly runs TestRebalance's stream while checking, before every offset
 // commit, that every message below the offset is finished: its inbox row committed. Messages of
-// different keys finish out of order; none may be committed over. It is not parallel: the check is
-// a hook of the package, set for this test alone.
+// different keys finish out of order; none may be committed over.
 func TestRebalanceCommitsFinishedOnly(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []testMode{{consumer.PerMessage, consumer.ByKey}, {consumer.PerBatch, consumer.ByKey}} {
 		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
 			e := setup(t, mode, 4)
 			var commits atomic.Int64
-			consumer.SetBeforeOffsetCommit(func(topic string, partition int, offset int64) {
+			e.beforeOffsetCommit = func(topic string, partition int, offset int64) {
 				commits.Add(1)
 				var finished int64
 				err := e.db.Pool.QueryRow(context.Background(), `
@@ -82,9 +83,7 @@ func TestRebalanceCommitsFinishedOnly(t *testing.T) {
 				} else if finished != offset {
 					t.Errorf("partition %d: committing offset %d with %d messages below it finished", partition, offset, finished)
 				}
-			})
-			// Runs after the consumers' stops, which are cleanups registered later.
-			t.Cleanup(func() { consumer.SetBeforeOffsetCommit(nil) })
+			}
 			rebalance(t, e)
 			if commits.Load() == 0 {
 				t.Error("no offset commit was checked")

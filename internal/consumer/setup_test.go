@@ -86,6 +86,8 @@ type env struct {
 	partitions int
 	log        *slog.Logger
 	logs       *testlog.Records // what log logged
+	// beforeOffsetCommit, when set, runs before each offset commit of every consumer start runs.
+	beforeOffsetCommit func(topic string, partition int, offset int64)
 }
 
 // setup starts a broker with topic and its dead-letter topic (partitions each) and a fresh schema
@@ -196,6 +198,9 @@ func (e *env) start(config consumer.Config) (c *consumer.Consumer, stop func()) 
 	c, err := consumer.New(config)
 	if err != nil {
 		e.t.Fatal(err)
+	}
+	if e.beforeOffsetCommit != nil {
+		consumer.SetBeforeOffsetCommit(c, e.beforeOffsetCommit)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
