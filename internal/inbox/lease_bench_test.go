@@ -2,8 +2,6 @@ package inbox_test
 
 import (
 	"context"
-	"strconv"
-	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -22,18 +20,9 @@ var noopCall = inbox.Call{Lease: testLease, Run: func(context.Context, int) (inb
 // one transaction.
 func BenchmarkProcessCall(b *testing.B) {
 	e := setup(b, inbox.Config{})
-	ctx := context.Background()
-	msg := message("k")
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		i++
-		msg.Key = strconv.Itoa(i)
-		if outcome, err := e.store.ProcessCall(ctx, msg, noopCall); err != nil || outcome != inbox.Applied {
-			b.Fatalf("ProcessCall = %q, %v", outcome, err)
-		}
-	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+	benchNewMessages(b, func(ctx context.Context, msg inbox.Message) (inbox.Outcome, error) {
+		return e.store.ProcessCall(ctx, msg, noopCall)
+	})
 }
 
 // BenchmarkProcessCallParallel is BenchmarkProcessCall from 4×GOMAXPROCS goroutines on a pool of
@@ -42,19 +31,7 @@ func BenchmarkProcessCallParallel(b *testing.B) {
 	e := setup(b, inbox.Config{})
 	pool, _ := e.newPool(b, 4, nil)
 	store := e.newStore(b, pool, inbox.Config{})
-	ctx := context.Background()
-	var next atomic.Int64
-	b.SetParallelism(4)
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		msg := message("k")
-		for pb.Next() {
-			msg.Key = strconv.FormatInt(next.Add(1), 10)
-			if outcome, err := store.ProcessCall(ctx, msg, noopCall); err != nil || outcome != inbox.Applied {
-				b.Errorf("ProcessCall = %q, %v", outcome, err)
-				return
-			}
-		}
+	benchNewMessagesParallel(b, func(ctx context.Context, msg inbox.Message) (inbox.Outcome, error) {
+		return store.ProcessCall(ctx, msg, noopCall)
 	})
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 }
