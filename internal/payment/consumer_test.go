@@ -53,10 +53,16 @@ func (h *createOnRetry) HandleBatch(ctx context.Context, tx pgx.Tx, ds []inbox.D
 // transaction per message, and per batch.
 func TestThroughConsumer(t *testing.T) {
 	t.Parallel()
+	forEachTransactionMode(t, testThroughConsumer)
+}
+
+// forEachTransactionMode runs test as a parallel subtest with a transaction per message, and per
+// batch.
+func forEachTransactionMode(t *testing.T, test func(*testing.T, consumer.Transactions)) {
 	for name, mode := range map[string]consumer.Transactions{"PerMessage": consumer.PerMessage, "PerBatch": consumer.PerBatch} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			testThroughConsumer(t, mode)
+			test(t, mode)
 		})
 	}
 }
@@ -200,12 +206,7 @@ func testThroughConsumer(t *testing.T, mode consumer.Transactions) {
 // invalid_payload naming provider_txn_id. With a transaction per message, and per batch.
 func TestOneOrderPerTransactionThroughConsumer(t *testing.T) {
 	t.Parallel()
-	for name, mode := range map[string]consumer.Transactions{"PerMessage": consumer.PerMessage, "PerBatch": consumer.PerBatch} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			testOneOrderPerTransactionThroughConsumer(t, mode)
-		})
-	}
+	forEachTransactionMode(t, testOneOrderPerTransactionThroughConsumer)
 }
 
 func testOneOrderPerTransactionThroughConsumer(t *testing.T, mode consumer.Transactions) {
