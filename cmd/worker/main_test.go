@@ -125,55 +125,43 @@ func (p *process) read(stderr io.Reader) {
 // exits first.
 func (p *process) waitLog(msg string) map[string]any {
 	p.t.Helper()
-	deadline := time.After(waitTimeout)
-	for seen := 0; ; {
-		p.mu.Lock()
-		logs, changed := p.logs, p.changed
-		p.mu.Unlock()
-		for ; seen < len(logs); seen++ {
-			if logs[seen]["msg"] == msg {
-				return logs[seen]
-			}
-		}
-		select {
-		case <-changed:
-		case <-p.exited:
-			p.mu.Lock()
-			n := len(p.logs)
-			p.mu.Unlock()
-			if n == seen {
-				p.t.Fatalf("the worker exited without logging %q", msg)
-			}
-		case <-deadline:
-			p.t.Fatalf("the worker did not log %q", msg)
-		}
-	}
+	return awaitEntry(p, fmt.Sprintf("log %q", msg), func() []map[string]any { return p.logs },
+		func(l map[string]any) bool { return l["msg"] == msg })
 }
 
 // waitLine waits for a stderr line that contains s. It fails the test if the process exits first.
 func (p *process) waitLine(s string) {
 	p.t.Helper()
+	awaitEntry(p, fmt.Sprintf("log a line with %q", s), func() []string { return p.lines },
+		func(line string) bool { return strings.Contains(line, s) })
+}
+
+// awaitEntry waits until one of the entries (read under p.mu; they only grow) matches and returns
+// it. It fails the test, saying that the worker did not do what, if the process exits first or
+// waitTimeout runs out.
+func awaitEntry[T any](p *process, what string, entries func() []T, matches func(T) bool) T {
+	p.t.Helper()
 	deadline := time.After(waitTimeout)
 	for seen := 0; ; {
 		p.mu.Lock()
-		lines, changed := p.lines, p.changed
+		list, changed := entries(), p.changed
 		p.mu.Unlock()
-		for ; seen < len(lines); seen++ {
-			if strings.Contains(lines[seen], s) {
-				return
+		for ; seen < len(list); seen++ {
+			if matches(list[seen]) {
+				return list[seen]
 			}
 		}
 		select {
 		case <-changed:
 		case <-p.exited:
 			p.mu.Lock()
-			n := len(p.lines)
+			n := len(entries())
 			p.mu.Unlock()
 			if n == seen {
-				p.t.Fatalf("the worker exited without logging a line with %q", s)
+				p.t.Fatalf("the worker exited and did not %s", what)
 			}
 		case <-deadline:
-			p.t.Fatalf("the worker did not log a line with %q", s)
+			p.t.Fatalf("the worker did not %s", what)
 		}
 	}
 }
