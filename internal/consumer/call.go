@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -16,14 +17,14 @@ import (
 // call runs d through h in the three steps of CallHandler. A panic in any of h's methods is a
 // permanent error; the transaction it ran in rolls back and the lease is released.
 func (p *partition) call(ctx context.Context, h effect.CallHandler, msg inbox.Message, d inbox.Delivery, log *slog.Logger) (inbox.Outcome, error) {
-	return p.c.config.Store.ProcessCall(ctx, msg, callSteps(h, d, log, nil))
+	return p.c.config.Store.ProcessCall(ctx, msg, callSteps(h, p.route.CallLease, d, log, nil))
 }
 
 // callSteps is h's three steps for d as the inbox runs them (see effect.CallHandler). first, when
 // set, runs first in the completion's transaction (a parked message's removal from the park).
-func callSteps(h effect.CallHandler, d inbox.Delivery, log *slog.Logger, first inbox.Effect) inbox.Call {
+func callSteps(h effect.CallHandler, lease time.Duration, d inbox.Delivery, log *slog.Logger, first inbox.Effect) inbox.Call {
 	return inbox.Call{
-		Lease: effect.CallLease,
+		Lease: lease,
 		Check: func(ctx context.Context, tx pgx.Tx) (err error) {
 			defer recoverHandler(ctx, log, &err)
 			return h.Check(ctx, tx, d)

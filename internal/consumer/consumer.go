@@ -44,6 +44,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/inboxworker/inboxworker/internal/deadletter"
+	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
@@ -125,6 +126,12 @@ type Route struct {
 	// it starts until then. Defaults to 4: a route that does not say is taken for a database-only
 	// one, about a transaction per connection of a small pool.
 	Concurrency int
+	// CallLease is how long the lease on a key lasts while a call of a CallHandler route is out:
+	// the call gets two thirds of it, and the last third covers a request the other service may
+	// still be working on after the worker gave up. It is also how long a message waits, after
+	// the process calling for it died, before it is called again. CallHandler routes only.
+	// Defaults to effect.CallLease (15s).
+	CallLease time.Duration
 }
 
 // Retry configures the backoff for retryable errors.
@@ -281,6 +288,7 @@ func New(config Config) (*Consumer, error) {
 	config.Routes = append([]Route(nil), config.Routes...) // the caller's slice may change later
 	for i := range config.Routes {
 		config.Routes[i].Concurrency = cmp.Or(config.Routes[i].Concurrency, defaultConcurrency)
+		config.Routes[i].CallLease = cmp.Or(config.Routes[i].CallLease, effect.CallLease)
 	}
 	if err := config.validate(); err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
@@ -342,6 +350,8 @@ func (config *Config) validate() error {
 			return fmt.Errorf("Config.Routes[%d].Topic %q is routed twice", i, r.Topic)
 		case r.Concurrency < 1:
 			return fmt.Errorf("Config.Routes[%d].Concurrency must be positive, got %d", i, r.Concurrency)
+		case r.CallLease < 3*time.Millisecond:
+			return fmt.Errorf("Config.Routes[%d].CallLease must be at least 3ms, got %s", i, r.CallLease)
 		}
 		topics[r.Topic] = true
 	}

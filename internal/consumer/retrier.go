@@ -509,7 +509,7 @@ func parkedEffect(store *inbox.Store, route Route, attemptTimeout time.Duration,
 			}
 			return nil
 		}
-		outcome, err := store.ProcessCall(ctx, parkedMessage(p), callSteps(h, d, log, unpark))
+		outcome, err := store.ProcessCall(ctx, parkedMessage(p), callSteps(h, route.CallLease, d, log, unpark))
 		if err == nil && outcome == inbox.Duplicate {
 			// Recorded before, by another delivery: no call was made, and p goes.
 			if err := store.Remove(ctx, p); err != nil && !errors.Is(err, inbox.ErrClaimLost) {
