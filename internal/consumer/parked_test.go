@@ -133,6 +133,41 @@ func testParkOvertakingCallback(t *testing.T, mode testMode) {
 	})
 }
 
+// TestParkedOriginReused: the park already holds a message at the origin (topic, partition,
+// offset) of a message about to be parked — a message of an earlier incarnation of the topic,
+// whose offsets started again (a recreated topic, worker dev restarted on a kept database). The new
+// message is parked beside it, never acknowledged without a row of its own, and both are applied
+// once their orders exist.
+func TestParkedOriginReused(t *testing.T) {
+	t.Parallel()
+	forEachParkingMode(t, func(t *testing.T, mode testMode) {
+		e := setup(t, mode, 1)
+		var exists atomic.Bool
+		config := e.config(&recorder{fail: unknownOrder(isLate, &exists)})
+		parkSoon(&config)
+		config.Retry.MaxElapsed = 10 * time.Minute
+		stale := inbox.Parked{Handler: handler, Topic: topic, Partition: 0, Offset: 0,
+			OrderingKey: []byte("korder-late-x"), IdempotencyKey: "late-x", MessageKey: []byte("order-late-x"),
+			Value: eventValue("late-x", 0)}
+		if _, err := config.Store.Park(context.Background(), stale, 0); err != nil {
+			t.Fatal(err)
+		}
+
+		e.produceOrdered("order-late-z", "late-z") // at offset 0, the stale message's origin
+		after := keys("after", 5)
+		e.produce(after...)
+		e.start(config)
+		e.waitFor("every offset committed", func() bool { return e.committed() == int64(1+len(after)) })
+		if got := e.parkedKeys(); !slices.Contains(got, "late-z") {
+			t.Fatalf("parked %q: late-z was acknowledged without a row in the park", got)
+		}
+
+		exists.Store(true)
+		e.waitFor("the park emptied", func() bool { return len(e.parkedKeys()) == 0 })
+		checkOnce(t, e, append([]string{"late-x", "late-z"}, after...))
+	})
+}
+
 // TestParkSurvivesKill: a parked message outlives the worker that parked it, killed with SIGKILL
 // once the offsets past the message are committed; the next worker applies it once.
 func TestParkSurvivesKill(t *testing.T) {

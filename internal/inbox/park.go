@@ -151,8 +151,9 @@ func scanParked(row pgx.CollectableRow) (Parked, error) {
 }
 
 // Park parks p, due in retryIn once it is the head of its key, and reports whether it was parked
-// now: false when the message at that origin was parked before (a redelivery), which is left as it
-// is. ID, ParkedAt, NextAttemptAt, the claim and Ahead are ignored.
+// now: false when the same message (its origin and its value's fingerprint) was parked before, a
+// redelivery, which is left as it is. A different message at the origin of a parked one (a topic
+// recreated, its offsets started again) is parked beside it. ID, ParkedAt, NextAttemptAt, the claim and Ahead are ignored.
 func (s *Store) Park(ctx context.Context, p Parked, retryIn time.Duration) (bool, error) {
 	if p.Handler == "" || p.Topic == "" || p.IdempotencyKey == "" || len(p.OrderingKey) == 0 {
 		return false, fmt.Errorf("inbox: a parked message needs a handler, a topic, an idempotency key and an ordering key")
@@ -169,16 +170,18 @@ func (s *Store) Park(ctx context.Context, p Parked, retryIn time.Duration) (bool
 	if !p.FirstFailedAt.IsZero() {
 		firstFailed = &p.FirstFailedAt
 	}
+	fingerprint := Fingerprint(p.Value)
 	tag, err := s.pool.Exec(ctx, `
-		INSERT INTO inbox_parked (handler, topic, "partition", "offset", ordering_key, idempotency_key,
-			message_key, value, header_keys, header_values, attempts, reason, first_error, last_error,
-			first_failed_at, budget_spent, next_attempt_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-			$16 * interval '1 microsecond', now() + $17 * interval '1 microsecond')
-		ON CONFLICT (topic, "partition", "offset") DO NOTHING`,
-		p.Handler, p.Topic, p.Partition, p.Offset, p.OrderingKey, p.IdempotencyKey, p.MessageKey,
-		p.Value, keys, values, p.Attempts, nullText(string(p.Reason)), nullText(storedError(p.FirstError)),
-		nullText(storedError(p.LastError)), firstFailed, p.BudgetSpent.Microseconds(), retryIn.Microseconds())
+		INSERT INTO inbox_parked (handler, topic, "partition", "offset", fingerprint, ordering_key,
+			idempotency_key, message_key, value, header_keys, header_values, attempts, reason, first_error,
+			last_error, first_failed_at, budget_spent, next_attempt_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+			$17 * interval '1 microsecond', now() + $18 * interval '1 microsecond')
+		ON CONFLICT (topic, "partition", "offset", fingerprint) DO NOTHING`,
+		p.Handler, p.Topic, p.Partition, p.Offset, fingerprint[:], p.OrderingKey, p.IdempotencyKey,
+		p.MessageKey, p.Value, keys, values, p.Attempts, nullText(string(p.Reason)),
+		nullText(storedError(p.FirstError)), nullText(storedError(p.LastError)), firstFailed,
+		p.BudgetSpent.Microseconds(), retryIn.Microseconds())
 	if err != nil {
 		return false, Classify(fmt.Errorf("inbox: park: %w", err))
 	}
@@ -223,7 +226,7 @@ FROM (
 		AND id IN (
 			SELECT DISTINCT ON (ordering_key) id FROM inbox_parked
 			WHERE topic = $1 AND "partition" = $2
-			ORDER BY ordering_key, "offset")
+			ORDER BY ordering_key, "offset", id)
 		AND next_attempt_at <= now()
 		AND (claimed_until IS NULL OR claimed_until <= now())
 	ORDER BY next_attempt_at, "offset"
@@ -291,7 +294,7 @@ func (s *Store) NextDue(ctx context.Context, topic string, partition int32) (tim
 		WHERE id IN (
 			SELECT DISTINCT ON (ordering_key) id FROM inbox_parked
 			WHERE topic = $1 AND "partition" = $2
-			ORDER BY ordering_key, "offset")`,
+			ORDER BY ordering_key, "offset", id)`,
 		topic, partition).Scan(&micros)
 	if err != nil {
 		return 0, false, Classify(fmt.Errorf("inbox: look up the next due parked message: %w", err))
@@ -481,10 +484,10 @@ func (s *Store) List(ctx context.Context, topic string, limit int) ([]Parked, er
 	}
 	rows, _ := s.pool.Query(ctx, `
 		SELECT `+parkedColumns+`,
-			(row_number() OVER (PARTITION BY topic, "partition", ordering_key ORDER BY "offset") - 1)::int
+			(row_number() OVER (PARTITION BY topic, "partition", ordering_key ORDER BY "offset", id) - 1)::int
 		FROM inbox_parked
 		WHERE $1 = '' OR topic = $1
-		ORDER BY topic, "partition", ordering_key, "offset"
+		ORDER BY topic, "partition", ordering_key, "offset", id
 		LIMIT $2`, topic, atMost)
 	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Parked, error) {
 		var ahead int

@@ -149,6 +149,28 @@ func TestPark(t *testing.T) {
 		}
 	})
 
+	t.Run("AnotherMessageAtTheOrigin", func(t *testing.T) {
+		// Offsets that started again (a recreated topic): another message at a parked one's
+		// origin is parked beside it, and the heads of the key come out oldest first.
+		t.Parallel()
+		ctx := context.Background()
+		e := setup(t, inbox.Config{})
+		e.park(t, parked("A", 7))
+		other := parked("A", 7)
+		other.IdempotencyKey, other.Value = "A-7-again", []byte(`{"event_id":"A-7-again"}`)
+		if ok, err := e.store.Park(ctx, other, 0); err != nil || !ok {
+			t.Fatalf("Park of another message at a parked origin = %t, %v; want true", ok, err)
+		}
+		list, err := e.store.List(ctx, "", 0)
+		if err != nil || len(list) != 2 {
+			t.Fatalf("List = %d messages, %v; want both", len(list), err)
+		}
+		if list[0].IdempotencyKey != "A@7" || list[1].IdempotencyKey != "A-7-again" || list[1].Ahead != 1 {
+			t.Errorf("List = %q (ahead %d), %q (ahead %d); want the first parked first",
+				list[0].IdempotencyKey, list[0].Ahead, list[1].IdempotencyKey, list[1].Ahead)
+		}
+	})
+
 	t.Run("ErrorTextsStored", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
