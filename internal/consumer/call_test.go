@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -196,6 +197,42 @@ func partitionKey(p, n int) []byte {
 			return key
 		}
 	}
+}
+
+// TestCallTimeoutKeepsLease: a call whose client gave up on a timeout (the HTTP sender's own
+// timeout, shorter than the call's deadline) was abandoned, not answered: the other service may
+// still be working on it. Its lease stays until it runs out, so no other call of the key overlaps
+// the one the other service is still working on.
+func TestCallTimeoutKeepsLease(t *testing.T) {
+	t.Parallel()
+	e := setup(t, testMode{consumer.PerMessage, consumer.ByKey}, 1)
+	const work = 500 * time.Millisecond // how long the other service takes over each call
+	var working, overlaps, calls atomic.Int64
+	h := newCaller(func(ctx context.Context, d inbox.Delivery) error {
+		if working.Add(1) > 1 {
+			overlaps.Add(1)
+		}
+		time.AfterFunc(work, func() { working.Add(-1) }) // it goes on after the client left
+		if calls.Add(1) > 1 {
+			return nil
+		}
+		timeout, cancel := context.WithTimeout(ctx, 100*time.Millisecond) // the client's own timeout
+		defer cancel()
+		<-timeout.Done()
+		return fault.Retryable(fmt.Errorf("sms provider: no answer within 100ms: %w", timeout.Err()))
+	})
+	config := e.callConfig(h)
+	config.Routes[0].CallLease = 900 * time.Millisecond
+	e.start(config)
+	e.produce("slow")
+	e.waitFor("the message finished", func() bool { return e.committed() == 1 })
+	if n := overlaps.Load(); n != 0 {
+		t.Fatalf("%d calls of the key while the other service was still working on an earlier one", n)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Errorf("%d calls, want the one abandoned and one after its lease ran out", n)
+	}
+	checkOnce(t, e, []string{"slow"})
 }
 
 // TestCallHoldsNoTransaction: with a call out, the consumer holds no connection and no session is

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"time"
 
@@ -89,13 +90,14 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 
 	callCtx, cancel := context.WithDeadline(ctx, deadline)
 	effect, err := call.Run(callCtx, l.attempts)
-	abandoned := callCtx.Err() != nil
+	abandoned := callCtx.Err() != nil || timedOut(err)
 	cancel()
 	if err != nil {
 		// A call that ended on its own (an answer that says no, a refused connection) is over: the
-		// next claim may call at once. One whose context ended (the lease's deadline, a rebalance, a
-		// shutdown) was abandoned, and the other service may still be working on it: its lease stays
-		// until it expires, so that no other call of the key overlaps it.
+		// next claim may call at once. One that was abandoned — its context ended (the lease's
+		// deadline, a rebalance, a shutdown), or the client gave up waiting for the answer (its own
+		// timeout, the most common abandonment) — may still be worked on by the other service: its
+		// lease stays until it expires, so that no other call of the key overlaps it.
 		if !abandoned {
 			kind, _, _ := fault.Classify(err)
 			s.release(ctx, l, kind == fault.KindPermanent)
@@ -114,6 +116,13 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 			slog.String("handler", msg.Handler), slog.String("key", msg.Key))
 	}
 	return outcome, err
+}
+
+// timedOut reports whether a call's error is a timeout: the client stopped waiting for an answer,
+// which the other service may still be preparing.
+func timedOut(err error) bool {
+	var netErr net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout()
 }
 
 // lease is one claim on a key.

@@ -193,6 +193,25 @@ func TestProcessCall(t *testing.T) {
 		}
 	})
 
+	t.Run("CallTimedOut", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, inbox.Config{})
+		// The client's own timeout, shorter than the call's deadline, ended the call: no answer came,
+		// and the other service may still be working on it. That is an abandoned call too.
+		call := inbox.Call{Lease: testLease, Run: func(ctx context.Context, _ int) (inbox.Effect, error) {
+			timeout, cancel := context.WithTimeout(ctx, time.Millisecond)
+			defer cancel()
+			<-timeout.Done()
+			return nil, fault.Retryable(fmt.Errorf("no answer: %w", timeout.Err()))
+		}}
+		if _, err := e.store.ProcessCall(ctx, message("k1"), call); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("ProcessCall: %v, want %v", err, context.DeadlineExceeded)
+		}
+		if l := e.leases(t)["k1"]; !l.live {
+			t.Fatalf("lease %+v; want it kept live until it expires", l)
+		}
+	})
+
 	t.Run("CompletionFails", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, inbox.Config{})
