@@ -49,12 +49,13 @@ func TestMetricsLive(t *testing.T) {
 	if n := len(families["inboxworker_handle_seconds"].GetMetric()); n != 2 {
 		t.Errorf("inboxworker_handle_seconds has %d series, want one per topic from the start", n)
 	}
-	// The park's and the routes' pause series, one per topic, at 0.
-	for _, name := range []string{"inboxworker_parked_messages", "inboxworker_parked_oldest_seconds",
-		"inboxworker_route_paused", "inboxworker_route_pauses_total"} {
+	// The park's series, one per topic, and the routes' pause series, one per topic and reason
+	// (outage, retry_after), at 0.
+	for name, want := range map[string]int{"inboxworker_parked_messages": 2, "inboxworker_parked_oldest_seconds": 2,
+		"inboxworker_route_paused": 4, "inboxworker_route_pauses_total": 4} {
 		series := families[name].GetMetric()
-		if len(series) != 2 {
-			t.Errorf("%s has %d series, want one per topic from the start", name, len(series))
+		if len(series) != want {
+			t.Errorf("%s has %d series, want %d from the start", name, len(series), want)
 		}
 		for _, m := range series {
 			if v := m.GetGauge().GetValue() + m.GetCounter().GetValue(); v != 0 {

@@ -2,12 +2,7 @@ package consumer
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"runtime/debug"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
@@ -20,8 +15,8 @@ import (
 //   - A message without a valid idempotency key is dead-lettered in its place, and a message whose
 //     key has messages in the park is parked behind them; the messages on either side of it go in
 //     separate transactions.
-//   - A run of messages with valid keys is claimed and applied in one transaction
-//     (inbox.Store.ProcessBatch), and its key-reused messages dead-lettered after the commit.
+//   - A run of messages with valid keys is claimed and applied in one transaction, and its
+//     key-reused messages dead-lettered after the commit.
 //   - When the handler fails on one message, the transaction rolls back; the messages before it are
 //     applied again in one transaction, the failed one goes on through the per-message path
 //     (retries, dead-lettering), its run in the batch counted as an attempt, and the rest of the
@@ -33,14 +28,14 @@ import (
 // A message's handle time is measured from the start of the first transaction that tried it to
 // when it finished: in a batch that commits at once, the batch's time.
 func (p *partition) applyBatch(ctx context.Context, batch []*entry) int {
-	runs := make([]int, len(batch)) // how often each message's handler ran in a batch
+	hs := make([]history, len(batch)) // what the batch transactions did to each message
 	done := 0
 	for done < len(batch) {
 		if p.isStopping() {
 			return done
 		}
 		if batch[done].keyErr != nil || p.keyParked(batch[done]) {
-			if p.applyMessage(ctx, batch[done], tried{}) != nil {
+			if p.applyMessage(ctx, batch[done], carried{}) != nil {
 				return done
 			}
 			done++
@@ -50,7 +45,7 @@ func (p *partition) applyBatch(ctx context.Context, batch []*entry) int {
 		for end < len(batch) && batch[end].keyErr == nil && !p.keyParked(batch[end]) {
 			end++
 		}
-		got := p.applyRun(ctx, batch[done:end], runs[done:end])
+		got := p.applyRun(ctx, batch[done:end], hs[done:end])
 		done += got.finished
 		if got.abandoned {
 			return done
@@ -66,133 +61,116 @@ type batchProgress struct {
 	abandoned bool
 }
 
-// transaction is what came of one batch transaction.
-type transaction struct {
-	outcomes []inbox.Outcome // one per message, when it committed
-	// panicked: HandleBatch panicked, which rolled the transaction back and is no one message's
-	// failure.
-	panicked bool
-	err      error
-}
-
 // applyRun takes msgs, whose keys are valid, through one transaction, or takes the messages up to
 // the first one that failed in it to a finished state (see applyBatch).
-func (p *partition) applyRun(ctx context.Context, msgs []*entry, runs []int) batchProgress {
+func (p *partition) applyRun(ctx context.Context, msgs []*entry, hs []history) batchProgress {
+	g := p.route.gate
+	permit, ok := g.allow()
+	switch {
+	case !ok && p.parked != nil && !g.open():
+		return p.applyEach(ctx, msgs, hs, time.Now()) // the route paused: they wait in the park
+	case !ok:
+		var err error
+		if permit, err = g.wait(ctx, p.stopping); err != nil {
+			return batchProgress{abandoned: true}
+		}
+	}
 	began := time.Now()
-	tx := p.transact(ctx, msgs, runs)
-	if tx.err == nil {
-		return p.settleRun(ctx, msgs, runs, tx.outcomes, began)
-	}
+	r := p.transact(ctx, msgs, hs)
 	if ctx.Err() != nil {
+		g.record(permit, msgs[0].order, signalNone)
+	} else {
+		g.record(permit, msgs[0].order, signalOf(r))
+	}
+	switch {
+	case r.err == nil:
+		return p.settleRun(ctx, msgs, hs, r, began)
+	case ctx.Err() != nil:
 		return batchProgress{abandoned: true}
+	case r.failed < 0 || isUnavailable(r.err):
+		p.log.WarnContext(ctx, "cannot apply the batch in one transaction; applying its messages one by one",
+			"first_offset", msgs[0].msg.Offset, "last_offset", msgs[len(msgs)-1].msg.Offset, "error", r.err)
+		return p.applyEach(ctx, msgs, hs, began)
 	}
 
-	var failed *inbox.BatchError
-	if !errors.As(tx.err, &failed) || tx.panicked || isUnavailable(failed.Err) {
-		if !tx.panicked { // else logged already
-			p.log.WarnContext(ctx, "cannot apply the batch in one transaction; applying its messages one by one",
-				"first_offset", msgs[0].msg.Offset, "last_offset", msgs[len(msgs)-1].msg.Offset, "error", tx.err)
-		}
-		return p.applyEach(ctx, msgs, runs, began)
-	}
-
-	t := failed.Index
+	t := r.failed
 	p.log.DebugContext(ctx, "a message failed in a batch; applying the others without it",
-		"offset", msgs[t].msg.Offset, "key", msgs[t].key, "error", failed.Err)
+		"offset", msgs[t].msg.Offset, "key", msgs[t].key, "error", r.err)
 	if t > 0 {
-		var got batchProgress
-		switch again := p.transact(ctx, msgs[:t], runs[:t]); {
-		case again.err == nil:
-			got = p.settleRun(ctx, msgs[:t], runs[:t], again.outcomes, began)
-		case ctx.Err() != nil:
-			got.abandoned = true
-		default:
-			p.log.WarnContext(ctx, "cannot apply the batch in one transaction; applying its messages one by one",
-				"first_offset", msgs[0].msg.Offset, "last_offset", msgs[t-1].msg.Offset, "error", again.err)
-			got = p.applyEach(ctx, msgs[:t], runs[:t], began)
-		}
+		got := p.applyRun(ctx, msgs[:t], hs[:t])
 		if got.abandoned || p.isStopping() {
 			return batchProgress{finished: got.finished, abandoned: true}
+		}
+		if got.finished < t {
+			return got // one before it failed alone: the rest is the caller's next run
 		}
 	}
 	// A retryable failure goes on from that failed attempt, with a backoff and a retry alone. A
 	// permanent one is confirmed by a run alone before the message is dead-lettered: a batch may
 	// fail on a message for a reason that is not that message's own.
-	prior := tried{runs: runs[t], began: began}
-	if kind, _, _ := fault.Classify(failed.Err); kind == fault.KindRetryable {
-		prior.err = failed.Err
+	c := carried{h: hs[t], began: began}
+	if kind, _, _ := fault.Classify(r.err); kind == fault.KindRetryable {
+		one := r.one(t)
+		one.ran[0] = 0 // counted in hs already
+		c.first = &one
 	}
-	if p.applyMessage(ctx, msgs[t], prior) != nil {
+	if p.applyMessage(ctx, msgs[t], c) != nil {
 		return batchProgress{finished: t, abandoned: true}
 	}
 	return batchProgress{finished: t + 1}
 }
 
 // applyEach takes msgs, which ran in batches that failed, through the per-message path.
-func (p *partition) applyEach(ctx context.Context, msgs []*entry, runs []int, began time.Time) batchProgress {
+func (p *partition) applyEach(ctx context.Context, msgs []*entry, hs []history, began time.Time) batchProgress {
 	for i, e := range msgs {
-		if p.isStopping() || p.applyMessage(ctx, e, tried{runs: runs[i], began: began}) != nil {
+		if p.isStopping() || p.applyMessage(ctx, e, carried{h: hs[i], began: began}) != nil {
 			return batchProgress{finished: i, abandoned: true}
 		}
 	}
 	return batchProgress{finished: len(msgs)}
 }
 
-// transact claims msgs and runs the handler on the claimed ones in one inbox transaction, under a
-// context bounded by AttemptTimeout, and counts the runs of their handler in runs: up to the
-// message the batch failed on, if it did.
-func (p *partition) transact(ctx context.Context, msgs []*entry, runs []int) (tx transaction) {
-	ctx, cancel := context.WithTimeout(ctx, p.c.config.AttemptTimeout)
-	defer cancel()
-	batch := make([]inbox.Message, len(msgs))
+// transact makes one attempt at msgs in one transaction, and counts in hs the runs of their
+// handler: up to the message the batch failed on, if it did.
+func (p *partition) transact(ctx context.Context, msgs []*entry, hs []history) result {
+	a := attempt{
+		msgs:    make([]inbox.Message, len(msgs)),
+		values:  make([][]byte, len(msgs)),
+		numbers: make([]int, len(msgs)),
+		log:     p.log.With("first_offset", msgs[0].msg.Offset, "last_offset", msgs[len(msgs)-1].msg.Offset),
+	}
 	for i, e := range msgs {
-		batch[i] = p.inboxMessage(e.msg, e.key)
+		a.msgs[i] = p.route.inboxMessage(p.id, e.msg.Offset, e.key, e.msg.Value)
+		a.values[i], a.numbers[i] = e.msg.Value, hs[i].attempts+1
 	}
-	var ran []int // the claimed messages, given to the handler
-	tx.outcomes, tx.err = p.c.config.Store.ProcessBatch(ctx, batch, func(ctx context.Context, pgTx pgx.Tx, claimed []int) (results []error) {
-		ran = claimed
-		ds := make([]inbox.Delivery, len(claimed))
-		for j, i := range claimed {
-			ds[j] = inbox.Delivery{Key: msgs[i].key, Value: msgs[i].msg.Value, Attempt: runs[i] + 1}
-		}
-		defer func() {
-			if r := recover(); r != nil {
-				p.log.ErrorContext(ctx, "the handler panicked in a batch; applying its messages one by one",
-					"first_offset", msgs[0].msg.Offset, "last_offset", msgs[len(msgs)-1].msg.Offset,
-					"panic", r, "stack", string(debug.Stack()))
-				tx.panicked = true
-				results = make([]error, len(claimed))
-				results[0] = fault.Permanent(fault.HandlerError, fmt.Errorf("panic: %v", r))
-			}
-		}()
-		return p.batcher.HandleBatch(ctx, pgTx, ds)
-	})
-	var failed *inbox.BatchError
-	for _, i := range ran {
-		if errors.As(tx.err, &failed) && !tx.panicked && i > failed.Index {
-			break // the handler stopped at the failure
-		}
-		runs[i]++
+	r := p.route.run(ctx, a)
+	for i := range hs {
+		hs[i].attempts += r.ran[i]
 	}
-	return tx
+	return r
 }
 
 // settleRun settles the messages of a committed batch, in order: it dead-letters those whose key
-// was reused (their handler ran only in batches that failed, as runs counts) and records the metrics. A dead letter it could not write before the work was
-// cancelled or the consumer began to stop abandons the rest: they were applied, and are found
-// duplicates when delivered again.
-func (p *partition) settleRun(ctx context.Context, msgs []*entry, runs []int, outcomes []inbox.Outcome, began time.Time) batchProgress {
+// was reused (their handler ran only in batches that failed, as hs counts) and records the
+// metrics. A dead letter it could not write before the work was cancelled or the consumer began to
+// stop abandons the rest: they were applied, and are found duplicates when delivered again.
+func (p *partition) settleRun(ctx context.Context, msgs []*entry, hs []history, r result, began time.Time) batchProgress {
 	counts := make(map[inbox.Outcome]int, 3)
 	for i, e := range msgs {
-		outcome := string(outcomes[i])
-		if outcomes[i] == inbox.KeyReused {
+		outcome := string(r.outcomes[i])
+		switch r.outcomes[i] {
+		case inbox.KeyReused:
 			log := p.log.With("offset", e.msg.Offset, "key", e.key)
-			if p.deadLetter(ctx, e.msg, *keyReused(e.key, runs[i]), log) != nil {
+			d := decision{action: deadLetter, reason: fault.IdempotencyKeyReused, err: errKeyReused}
+			if p.deadLetter(ctx, e.msg, failureOf(d, hs[i], e.key), log) != nil {
 				return batchProgress{finished: i, abandoned: true}
 			}
 			outcome = outcomeDeadLettered
+		case inbox.Duplicate:
+			p.log.InfoContext(ctx, "skipped a duplicate: its idempotency key is recorded already",
+				"offset", e.msg.Offset, "key", e.key)
 		}
-		counts[outcomes[i]]++
+		counts[r.outcomes[i]]++
 		p.c.metrics.finished(p.topic, outcome, time.Since(began))
 	}
 	p.log.DebugContext(ctx, "applied a batch in one transaction",

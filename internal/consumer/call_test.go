@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
 // caller is a CallHandler whose call is a function of the test (nil: it succeeds) and whose
@@ -171,8 +173,13 @@ func TestCallLeaseHeld(t *testing.T) {
 	if len(takenOver) != 1 || !takenOver[0] {
 		t.Fatalf("calls %v (whether the other worker's lease was gone); want one call, after it was", takenOver)
 	}
-	if retries := testutilRetries(config); retries < 1 {
-		t.Fatalf("%v retries, want at least one while the lease was held", retries)
+	if retries := testutilRetries(config); retries != 0 {
+		t.Errorf("%v retries: waiting for another worker's lease is no failure", retries)
+	}
+	if !slices.ContainsFunc(e.logs.All(), func(r testlog.Record) bool {
+		return r.Message == "waiting to try the message again" && r.Has("held")
+	}) {
+		t.Error("no log line of the message waiting for the lease")
 	}
 	if got := e.effects(); got["held"] != 1 {
 		t.Fatalf("effects %v, want held once", got)
@@ -311,5 +318,46 @@ func TestNewRejectsAnythingButAHandler(t *testing.T) {
 	config.Routes[0].Handler = "a string"
 	if _, err := consumer.New(config); err == nil || !strings.Contains(err.Error(), "Config.Routes[0].Handler is a string") {
 		t.Fatalf("New: %v; want an error naming Config.Routes[0].Handler and its type", err)
+	}
+}
+
+// TestConcurrentDuplicateCall: one SMS event (one idempotency key and payload) on two partitions
+// at once. The second copy meets the lease of the first while its call is out: that is no
+// failure. It waits for the call to end, not for the lease to run out, spends no retry budget
+// meanwhile, and is then skipped as a duplicate: one call, no dead letter.
+func TestConcurrentDuplicateCall(t *testing.T) {
+	t.Parallel()
+	e := setup(t, testMode{consumer.PerMessage, consumer.ByKey}, 2)
+	out := make(chan struct{}, 2)
+	release := make(chan struct{})
+	h := newCaller(func(ctx context.Context, d inbox.Delivery) error {
+		out <- struct{}{}
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	config := e.callConfig(h)
+	config.Retry.MaxElapsed = 300 * time.Millisecond // far less than the lease
+	e.start(config)
+	value := eventValue("dup", 0)
+	e.kafka.Produce(t, topic, kafka.Message{Key: partitionKey(0, 2), Value: value},
+		kafka.Message{Key: partitionKey(1, 2), Value: value})
+	<-out
+	time.Sleep(3 * config.Retry.MaxElapsed) // the second copy meets the lease meanwhile
+	close(release)
+	e.waitFor("both copies finished", func() bool { return e.committed() == 2 })
+	if dead := e.deadLetters(); len(dead) != 0 {
+		t.Fatalf("dead-lettered %q (%s): a lease held by a live call is no failure",
+			header(dead[0], "dlq-reason"), header(dead[0], "dlq-error"))
+	}
+	if n := h.callsOf("dup"); n != 1 {
+		t.Errorf("%d calls, want 1", n)
+	}
+	e.waitFor("the outcomes counted", func() bool { return outcomes(config, "duplicate") == 1 })
+	if n := outcomes(config, "applied"); n != 1 {
+		t.Errorf("%v applied, want 1", n)
 	}
 }

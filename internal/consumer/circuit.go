@@ -36,18 +36,18 @@ func (s RouteState) String() string {
 	return fmt.Sprintf("RouteState(%d)", int(s))
 }
 
-// result is what a message's run tells of its route's dependency.
-type result int
+// signal is what a message's run tells of its route's dependency.
+type signal int
 
 const (
-	// resultAnswered: the dependency answered, whatever it said (applied, a duplicate, a rejection).
-	resultAnswered result = iota
-	// resultFailed: a retryable failure that an outage of the dependency would cause (a timeout, a 503).
-	resultFailed
-	// resultInconclusive: the run tells nothing of the dependency: it was cancelled, Postgres was down
+	// signalAnswered: the dependency answered, whatever it said (applied, a duplicate, a rejection).
+	signalAnswered signal = iota
+	// signalFailed: a retryable failure that an outage of the dependency would cause (a timeout, a 503).
+	signalFailed
+	// signalNone: the run tells nothing of the dependency: it was cancelled, Postgres was down
 	// (which the consumer waits out on its own), or the message waits for data of its own (an order
 	// that does not exist yet).
-	resultInconclusive
+	signalNone
 )
 
 // CircuitConfig configures a route's outage circuit. The defaults are discussed in the README
@@ -87,6 +87,13 @@ type CircuitConfig struct {
 // in either case from at least MinKeys different keys, so that a key that always fails, or a few,
 // never trips it. While the route is not open, only the probe's result changes its state.
 //
+// The keys whose failures tripped it are its suspects: failing keys of their own (poison) look the
+// same as an outage, until a key that did not trip it fails too. So a probe of another key is
+// preferred (see Tripped), and its failure confirms the outage. A probe of a suspect that fails
+// while the outage is unconfirmed proves nothing: the route opens again, the failure is charged to
+// its message, and keys that keep failing spend their budgets and end as dead letters, instead of
+// holding the route paused for good.
+//
 // A circuit is safe for concurrent use.
 type circuit struct {
 	config CircuitConfig
@@ -101,6 +108,8 @@ type circuit struct {
 	buckets   []bucket
 	failedAt  map[string]time.Time // key → its last failure in the window
 	trips     uint64               // counts the trips: a permit of an earlier one is stale
+	suspects  map[string]bool      // the keys that failed before the trip
+	confirmed bool                 // a probe of a key not among them failed: an outage
 	interval  time.Duration        // the wait before the next probe
 	probeAt   time.Time            // while paused, when the next probe may start
 	notOpen   time.Time            // when the route stopped being open
@@ -165,7 +174,7 @@ func (p permit) Probe() bool { return p.probe }
 // Allow reports whether a message may start now. While the route is open, any may. While it is
 // paused, one may once the probe interval is over: the probe, whose result decides whether the
 // route opens again; no other starts until that result is recorded. Every permit granted must be
-// given back to Record, resultInconclusive when its message did not run.
+// given back to Record, signalNone when its message did not run.
 func (c *circuit) Allow() (permit, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -182,7 +191,7 @@ func (c *circuit) Allow() (permit, bool) {
 }
 
 // Record records the result of the run of a message, of key, that p let start.
-func (c *circuit) Record(p permit, key string, res result) {
+func (c *circuit) Record(p permit, key string, res signal) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.config.Now()
@@ -191,12 +200,21 @@ func (c *circuit) Record(p permit, key string, res result) {
 			return // not the probe in flight: cannot happen unless a permit is recorded twice
 		}
 		switch res {
-		case resultAnswered:
+		case signalAnswered:
 			c.pausedFor += now.Sub(c.notOpen)
 			c.interval = c.config.ProbeInterval
 			c.reset()
 			c.setState(RouteOpen, "the probe was answered")
-		case resultFailed:
+		case signalFailed:
+			if !c.suspects[key] {
+				c.confirmed = true
+			}
+			if !c.confirmed {
+				c.pausedFor += now.Sub(c.notOpen)
+				c.reset()
+				c.setState(RouteOpen, "the probe failed on a key that tripped the circuit, which proves no outage")
+				return
+			}
 			c.interval = min(2*c.interval, c.config.MaxProbeInterval)
 			c.probeAt = now.Add(c.interval)
 			c.setState(RoutePaused, fmt.Sprintf("the probe failed; next in %s", c.interval))
@@ -210,11 +228,11 @@ func (c *circuit) Record(p permit, key string, res result) {
 		return // started before the route paused: its result is not news
 	}
 	switch res {
-	case resultAnswered:
+	case signalAnswered:
 		c.run = 0
 		clear(c.runKeys)
 		c.bucket(now).answers++
-	case resultFailed:
+	case signalFailed:
 		c.run++
 		if len(c.runKeys) < c.config.MinKeys {
 			c.runKeys[key] = true
@@ -241,6 +259,14 @@ func (c *circuit) tripIfOutage(now time.Time) {
 			failures, answers+failures, c.config.Window, len(c.failedAt))
 	}
 	c.trips++
+	c.suspects = make(map[string]bool, len(c.failedAt)+len(c.runKeys))
+	for k := range c.failedAt {
+		c.suspects[k] = true
+	}
+	for k := range c.runKeys {
+		c.suspects[k] = true
+	}
+	c.confirmed = false
 	c.notOpen = now
 	c.probeAt = now.Add(c.interval)
 	c.setState(RoutePaused, why)
@@ -254,6 +280,14 @@ func (c *circuit) State() (RouteState, time.Time) {
 		return c.state, c.probeAt
 	}
 	return c.state, time.Time{}
+}
+
+// Tripped reports whether key failed before the circuit tripped: while it is paused, a probe of
+// another key tells more of the dependency.
+func (c *circuit) Tripped(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.state != RouteOpen && c.suspects[key]
 }
 
 // Paused returns how long the route has not been open in all, up to now. The retry budget of a

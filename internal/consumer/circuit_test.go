@@ -59,7 +59,7 @@ func newCircuitEnv(t *testing.T, config CircuitConfig) *circuitEnv {
 }
 
 // run starts a message of key and records res, and fails the test unless it may start.
-func (e *circuitEnv) run(t *testing.T, key string, res result) {
+func (e *circuitEnv) run(t *testing.T, key string, res signal) {
 	t.Helper()
 	p, ok := e.Allow()
 	if !ok {
@@ -82,7 +82,7 @@ func (e *circuitEnv) assertState(t *testing.T, want RouteState) {
 }
 
 // probe waits out the probe interval, takes the probe and records res.
-func (e *circuitEnv) probe(t *testing.T, res result) {
+func (e *circuitEnv) probe(t *testing.T, res signal) {
 	t.Helper()
 	state, at := e.State()
 	if state != RoutePaused {
@@ -103,10 +103,10 @@ func TestCircuitTrips(t *testing.T) {
 		t.Parallel()
 		e := newCircuitEnv(t, CircuitConfig{})
 		for i := range 9 {
-			e.run(t, fmt.Sprint("k", i%3), resultFailed)
+			e.run(t, fmt.Sprint("k", i%3), signalFailed)
 		}
 		e.assertState(t, RouteOpen)
-		e.run(t, "k0", resultFailed)
+		e.run(t, "k0", signalFailed)
 		e.assertState(t, RoutePaused)
 		if got := e.changes(); !slices.Equal(got, []string{"open→paused"}) {
 			t.Errorf("changes %q", got)
@@ -120,9 +120,9 @@ func TestCircuitTrips(t *testing.T) {
 		t.Parallel()
 		e := newCircuitEnv(t, CircuitConfig{FailureRate: 1})
 		for i := range 100 {
-			e.run(t, fmt.Sprint("k", i%5), resultFailed)
+			e.run(t, fmt.Sprint("k", i%5), signalFailed)
 			if i%9 == 8 {
-				e.run(t, "good", resultAnswered)
+				e.run(t, "good", signalAnswered)
 			}
 		}
 		e.assertState(t, RouteOpen)
@@ -133,7 +133,7 @@ func TestCircuitTrips(t *testing.T) {
 		t.Parallel()
 		e := newCircuitEnv(t, CircuitConfig{})
 		for i := range 1000 {
-			e.run(t, fmt.Sprint("poison", i%2), resultFailed)
+			e.run(t, fmt.Sprint("poison", i%2), signalFailed)
 			e.clock.Advance(100 * time.Millisecond)
 		}
 		e.assertState(t, RouteOpen)
@@ -146,7 +146,7 @@ func TestCircuitTrips(t *testing.T) {
 		t.Parallel()
 		e := newCircuitEnv(t, CircuitConfig{})
 		for i := range 100 {
-			e.run(t, fmt.Sprint("k", i), resultInconclusive)
+			e.run(t, fmt.Sprint("k", i), signalNone)
 		}
 		e.assertState(t, RouteOpen)
 	})
@@ -159,9 +159,9 @@ func TestCircuitTrips(t *testing.T) {
 			key := fmt.Sprint("k", i)
 			switch i % 5 {
 			case 0, 1:
-				e.run(t, key, resultFailed)
+				e.run(t, key, signalFailed)
 			default:
-				e.run(t, key, resultAnswered)
+				e.run(t, key, signalAnswered)
 			}
 			e.clock.Advance(100 * time.Millisecond)
 		}
@@ -171,9 +171,9 @@ func TestCircuitTrips(t *testing.T) {
 		for i := range 2000 {
 			key := fmt.Sprint("j", i)
 			if i%5 < 3 {
-				e.run(t, key, resultFailed)
+				e.run(t, key, signalFailed)
 			} else {
-				e.run(t, key, resultAnswered)
+				e.run(t, key, signalAnswered)
 			}
 			if state, _ := e.State(); state == RoutePaused {
 				tripped = i
@@ -195,17 +195,17 @@ func TestCircuitTrips(t *testing.T) {
 		t.Parallel()
 		e := newCircuitEnv(t, CircuitConfig{ConsecutiveFailures: 1000})
 		for i := range 9 {
-			e.run(t, fmt.Sprint("k", i), resultFailed)
+			e.run(t, fmt.Sprint("k", i), signalFailed)
 		}
 		e.clock.Advance(time.Minute)
-		e.run(t, "k9", resultFailed) // 10 failures from 10 keys, but only 1 in the window
+		e.run(t, "k9", signalFailed) // 10 failures from 10 keys, but only 1 in the window
 		e.assertState(t, RouteOpen)
 		for range 9 {
-			e.run(t, "k10", resultFailed)
+			e.run(t, "k10", signalFailed)
 			e.clock.Advance(time.Second)
 		}
 		e.assertState(t, RouteOpen) // 10 failures in the window, from 2 keys only
-		e.run(t, "k11", resultFailed)
+		e.run(t, "k11", signalFailed)
 		e.assertState(t, RoutePaused)
 	})
 }
@@ -217,7 +217,7 @@ func TestCircuitProbes(t *testing.T) {
 		t.Parallel()
 		e := newCircuitEnv(t, CircuitConfig{})
 		for i := range 10 {
-			e.run(t, fmt.Sprint("k", i), resultFailed)
+			e.run(t, fmt.Sprint("k", i), signalFailed)
 		}
 		var intervals []time.Duration
 		for range 8 {
@@ -231,7 +231,7 @@ func TestCircuitProbes(t *testing.T) {
 			if _, ok := e.Allow(); ok {
 				t.Fatal("a message started before the probe was due")
 			}
-			e.probe(t, resultFailed)
+			e.probe(t, signalFailed)
 		}
 		want := []time.Duration{1, 2, 4, 8, 16, 30, 30, 30}
 		for i := range want {
@@ -246,7 +246,7 @@ func TestCircuitProbes(t *testing.T) {
 		t.Parallel()
 		e := newCircuitEnv(t, CircuitConfig{})
 		for i := range 10 {
-			e.run(t, fmt.Sprint("k", i), resultFailed)
+			e.run(t, fmt.Sprint("k", i), signalFailed)
 		}
 		_, at := e.State()
 		e.clock.Advance(at.Sub(e.clock.Now()))
@@ -259,7 +259,7 @@ func TestCircuitProbes(t *testing.T) {
 		if _, ok := e.Allow(); ok {
 			t.Fatal("a second message started while the probe runs")
 		}
-		e.Record(probe, "k", resultAnswered)
+		e.Record(probe, "k", signalAnswered)
 		e.assertState(t, RouteOpen)
 		if got, want := e.changes(), []string{"open→paused", "paused→probing", "probing→open"}; !slices.Equal(got, want) {
 			t.Errorf("changes %q, want %q", got, want)
@@ -272,16 +272,16 @@ func TestCircuitProbes(t *testing.T) {
 		t.Parallel()
 		e := newCircuitEnv(t, CircuitConfig{})
 		for i := range 10 {
-			e.run(t, fmt.Sprint("k", i), resultFailed)
+			e.run(t, fmt.Sprint("k", i), signalFailed)
 		}
-		e.probe(t, resultFailed)
-		e.probe(t, resultAnswered)
+		e.probe(t, signalFailed)
+		e.probe(t, signalAnswered)
 		e.assertState(t, RouteOpen)
 		for i := range 9 {
-			e.run(t, fmt.Sprint("k", i), resultFailed)
+			e.run(t, fmt.Sprint("k", i), signalFailed)
 		}
 		e.assertState(t, RouteOpen)
-		e.run(t, "k9", resultFailed)
+		e.run(t, "k9", signalFailed)
 		if _, at := e.State(); at.Sub(e.clock.Now()) != time.Second {
 			t.Errorf("first probe in %s after a resume, want 1s", at.Sub(e.clock.Now()))
 		}
@@ -291,10 +291,10 @@ func TestCircuitProbes(t *testing.T) {
 		t.Parallel()
 		e := newCircuitEnv(t, CircuitConfig{})
 		for i := range 10 {
-			e.run(t, fmt.Sprint("k", i), resultFailed)
+			e.run(t, fmt.Sprint("k", i), signalFailed)
 		}
-		e.probe(t, resultFailed) // next in 2s
-		e.probe(t, resultInconclusive)
+		e.probe(t, signalFailed) // next in 2s
+		e.probe(t, signalNone)
 		state, at := e.State()
 		if state != RoutePaused || at.Sub(e.clock.Now()) != 2*time.Second {
 			t.Errorf("after an inconclusive probe: %v, next in %s; want paused, next in 2s", state, at.Sub(e.clock.Now()))
@@ -311,15 +311,15 @@ func TestCircuitProbes(t *testing.T) {
 			inFlight = append(inFlight, p)
 		}
 		for i := range 10 {
-			e.run(t, fmt.Sprint("k", i), resultFailed)
+			e.run(t, fmt.Sprint("k", i), signalFailed)
 		}
-		e.Record(inFlight[0], "late", resultAnswered)
+		e.Record(inFlight[0], "late", signalAnswered)
 		e.assertState(t, RoutePaused)
-		e.probe(t, resultAnswered)
-		e.Record(inFlight[1], "late", resultFailed)
-		e.Record(inFlight[2], "late", resultFailed)
+		e.probe(t, signalAnswered)
+		e.Record(inFlight[1], "late", signalFailed)
+		e.Record(inFlight[2], "late", signalFailed)
 		for i := range 9 {
-			e.run(t, fmt.Sprint("k", i), resultFailed)
+			e.run(t, fmt.Sprint("k", i), signalFailed)
 		}
 		e.assertState(t, RouteOpen) // 9 failures since the resume, not 11
 	})
@@ -334,14 +334,14 @@ func TestCircuitPaused(t *testing.T) {
 		t.Fatalf("Paused() = %s while open, want 0", got)
 	}
 	for i := range 10 {
-		e.run(t, fmt.Sprint("k", i), resultFailed)
+		e.run(t, fmt.Sprint("k", i), signalFailed)
 	}
 	e.clock.Advance(500 * time.Millisecond)
 	if got := e.Paused(); got != 500*time.Millisecond {
 		t.Errorf("Paused() = %s, want 500ms", got)
 	}
-	e.probe(t, resultFailed)          // at 1s
-	e.probe(t, resultAnswered)        // at 3s
+	e.probe(t, signalFailed)          // at 1s
+	e.probe(t, signalAnswered)        // at 3s
 	e.clock.Advance(10 * time.Minute) // open: not counted
 	if got := e.Paused(); got != 3*time.Second {
 		t.Errorf("Paused() = %s after resuming, want 3s", got)
@@ -353,14 +353,14 @@ func TestCircuitChanged(t *testing.T) {
 	e := newCircuitEnv(t, CircuitConfig{})
 	changed := e.Changed()
 	for i := range 9 {
-		e.run(t, fmt.Sprint("k", i), resultFailed)
+		e.run(t, fmt.Sprint("k", i), signalFailed)
 	}
 	select {
 	case <-changed:
 		t.Fatal("Changed closed without a change")
 	default:
 	}
-	e.run(t, "k9", resultFailed)
+	e.run(t, "k9", signalFailed)
 	select {
 	case <-changed:
 	default:

@@ -240,15 +240,13 @@ const (
 // Consumer consumes the configured topics as a member of a consumer group.
 type Consumer struct {
 	config    Config
-	routes    map[string]Route // by topic
+	routes    map[string]*route // by topic
 	log       *slog.Logger
 	metrics   *Metrics
 	dialer    *kafka.Dialer
 	transport *kafka.Transport // for the dead-letter writer and the lag client
 	dlq       *kafka.Writer
 	lag       *lagReporter
-	limits    map[string]*routeLimit // by topic
-	circuits  map[string]*circuit    // by topic
 
 	// deadLetters keeps the dead letters their topic refused for good.
 	deadLetters *deadletter.Store
@@ -296,7 +294,7 @@ func New(config Config) (*Consumer, error) {
 
 	c := &Consumer{
 		config:  config,
-		routes:  make(map[string]Route, len(config.Routes)),
+		routes:  make(map[string]*route, len(config.Routes)),
 		log:     config.Logger.With("group", config.GroupID),
 		metrics: config.Metrics,
 		dialer: &kafka.Dialer{
@@ -308,18 +306,12 @@ func New(config Config) (*Consumer, error) {
 		},
 		transport: &kafka.Transport{ClientID: config.ClientID, SASL: config.SASL, TLS: config.TLS},
 	}
-	c.limits = make(map[string]*routeLimit, len(config.Routes))
-	c.circuits = make(map[string]*circuit, len(config.Routes))
 	for _, r := range config.Routes {
-		c.routes[r.Topic] = r
-		c.limits[r.Topic] = newRouteLimit(r.Concurrency)
-		cc := config.Circuit
-		cc.Now, cc.OnChange = nil, routeChange(c.log, c.metrics, r.Topic)
-		circuit, err := newCircuit(cc)
+		rt, err := newRoute(r, &c.config, c.log)
 		if err != nil {
 			return nil, fmt.Errorf("consumer: Config.%w", err)
 		}
-		c.circuits[r.Topic] = circuit
+		c.routes[r.Topic] = rt
 	}
 	c.dlq = c.newDeadLetterWriter()
 	c.deadLetters = config.DeadLetters

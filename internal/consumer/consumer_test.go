@@ -197,14 +197,12 @@ func TestRetryAfter(t *testing.T) {
 			switch {
 			case d.Key == "throttled" && d.Attempt == 1:
 				return &fault.Error{Kind: fault.KindRetryable, RetryAfter: retryAfter, Err: errBoom}
-			case d.Key == "tomorrow":
-				return &fault.Error{Kind: fault.KindRetryable, RetryAfter: 24 * time.Hour, Err: errBoom}
 			}
 			return nil
 		}})
 		e.start(config)
-		e.produce("throttled", "tomorrow", "after")
-		e.waitFor("every offset committed", func() bool { return e.committed() == 3 })
+		e.produce("throttled", "after")
+		e.waitFor("every offset committed", func() bool { return e.committed() == 2 })
 
 		mu.Lock()
 		defer mu.Unlock()
@@ -214,25 +212,20 @@ func TestRetryAfter(t *testing.T) {
 		if n := len(throttled); n < 2 || throttled[n-1].Sub(throttled[n-2]) < retryAfter {
 			t.Errorf("throttled message's attempts %v: want the last two at least %s apart", throttled, retryAfter)
 		}
-		if effects := e.effects(); effects["throttled"] != 1 || effects["after"] != 1 || effects["tomorrow"] != 0 {
-			t.Errorf("effects = %v, want throttled and after once, tomorrow never", effects)
+		if effects := e.effects(); effects["throttled"] != 1 || effects["after"] != 1 {
+			t.Errorf("effects = %v, want throttled and after once", effects)
 		}
 		// The delay the worker decided, as it logged it: the Retry-After, not the backoff's 1ms.
 		if got := testutil.ToFloat64(config.Metrics.Retries.WithLabelValues(topic)); got != 1 {
 			t.Errorf("retries = %v, want 1 (the throttled message's)", got)
 		}
 		checkRetryLogs(t, e, "throttled", 1)
-		checkRetryLogs(t, e, "tomorrow", 0)
 		if logs := e.retryLogs("throttled"); len(logs) == 1 && logs[0].Attrs["delay"].Duration() < retryAfter {
 			t.Errorf("the throttled message's retry was logged with delay %v, want at least its Retry-After %v",
 				logs[0].Attrs["delay"], retryAfter)
 		}
-		dead := e.deadLetters()
-		if len(dead) != 1 || header(dead[0], deadletter.HeaderReason) != string(fault.RetriesExhausted) {
-			t.Fatalf("dead letters %v, want the message asking for a day, as retries_exhausted", dead)
-		}
-		if got, want := header(dead[0], "dlq-attempts"), strconv.Itoa(len(attempts["tomorrow"])); got != want {
-			t.Errorf("dlq-attempts = %q, the handler ran %s times", got, want)
+		if dead := e.deadLetters(); len(dead) != 0 {
+			t.Fatalf("dead letters %v, want none", dead)
 		}
 	})
 }
@@ -443,4 +436,34 @@ func TestNewValidates(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLongRetryAfter: a provider answering 429 with a Retry-After longer than the retry budget
+// throttles the route for that long; the wait is the provider's, not the messages' fault, and
+// none of them is dead-lettered for it.
+func TestLongRetryAfter(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, func(t *testing.T, mode testMode) {
+		e := setup(t, mode, 2)
+		var calls atomic.Int64
+		config := e.config(&recorder{fail: func(d inbox.Delivery) error {
+			calls.Add(1)
+			return fault.RetryableAfter(errors.New("sms provider: 429 Too Many Requests"), 10*time.Minute)
+		}})
+		parkSoon(&config)
+		config.Retry.MaxElapsed = 300 * time.Millisecond
+		e.produce(keys("m", 30)...)
+		e.start(config)
+		e.waitFor("a call", func() bool { return calls.Load() > 0 })
+		time.Sleep(5 * config.Retry.MaxElapsed)
+		if dead := e.deadLetters(); len(dead) != 0 {
+			t.Fatalf("%d dead-lettered (%s) while the provider asked to wait", len(dead), header(dead[0], "dlq-error"))
+		}
+		if n := calls.Load(); n > int64(routeConcurrency) {
+			t.Errorf("%d calls: the route was not paused for the Retry-After", n)
+		}
+		if v := routePaused(config, "retry_after"); v != 1 {
+			t.Errorf("route_paused{retry_after} = %v while the provider asked to wait, want 1", v)
+		}
+	})
 }

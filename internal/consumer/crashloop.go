@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
@@ -229,8 +227,7 @@ func (p *partition) deadLetterCrashLoop(ctx context.Context, e *entry, starts in
 // statements, which fail only when the database does: no message is to blame, so there is no retry
 // budget. It fails only when ctx is done or the consumer is stopping.
 func (p *partition) retryDatabase(ctx context.Context, what string, fn func(context.Context) error) error {
-	var bo *backoff.ExponentialBackOff
-	for {
+	for waits := 1; ; waits++ {
 		err := fn(ctx)
 		if err == nil {
 			return nil
@@ -238,10 +235,7 @@ func (p *partition) retryDatabase(ctx context.Context, what string, fn func(cont
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		if bo == nil {
-			bo = p.outageBackOff()
-		}
-		delay := bo.NextBackOff()
+		delay := p.route.policy.waitDelay(waits)
 		p.log.Warn("cannot "+what+"; retrying", "delay", delay, "error", err)
 		if err := p.sleep(ctx, delay); err != nil {
 			return err

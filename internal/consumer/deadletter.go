@@ -58,8 +58,7 @@ func (p *partition) deadLetter(ctx context.Context, m kafka.Message, f failure, 
 		Value:   m.Value,
 		Headers: letter.Headers(m.Headers),
 	}
-	bo := p.outageBackOff()
-	for {
+	for waits := 1; ; waits++ {
 		err := p.c.dlq.WriteMessages(ctx, dlq)
 		if err == nil {
 			break
@@ -70,7 +69,7 @@ func (p *partition) deadLetter(ctx context.Context, m kafka.Message, f failure, 
 		if refused(err) {
 			return p.storeDeadLetter(ctx, dlq, letter, err, log)
 		}
-		delay := bo.NextBackOff()
+		delay := p.route.policy.waitDelay(waits)
 		log.ErrorContext(ctx, "cannot write the dead letter; the partition waits and tries again",
 			"dlq_topic", dlq.Topic, "reason", f.reason, "delay", delay, "error", err)
 		if err := p.sleep(ctx, delay); err != nil {
@@ -96,8 +95,7 @@ func (p *partition) storeDeadLetter(ctx context.Context, dlq kafka.Message, lett
 		WriteError: writeErr.Error(),
 	}
 	var id int64
-	bo := p.outageBackOff()
-	for {
+	for waits := 1; ; waits++ {
 		save, cancel := context.WithTimeout(ctx, p.c.config.AttemptTimeout)
 		var err error
 		id, err = p.c.deadLetters.Save(save, stored)
@@ -108,7 +106,7 @@ func (p *partition) storeDeadLetter(ctx context.Context, dlq kafka.Message, lett
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		delay := bo.NextBackOff()
+		delay := p.route.policy.waitDelay(waits)
 		log.ErrorContext(ctx, "cannot store the dead letter its topic refused; the partition waits and tries again",
 			"dlq_topic", dlq.Topic, "reason", letter.Reason, "delay", delay, "error", inbox.Classify(err))
 		if err := p.sleep(ctx, delay); err != nil {

@@ -22,8 +22,8 @@ type Metrics struct {
 	// The park and the routes' outage circuits (see parking.go).
 	Parked *prometheus.GaugeVec   // inboxworker_parked_messages{topic}
 	Oldest *prometheus.GaugeVec   // inboxworker_parked_oldest_seconds{topic}
-	Paused *prometheus.GaugeVec   // inboxworker_route_paused{topic}
-	Pauses *prometheus.CounterVec // inboxworker_route_pauses_total{topic}
+	Paused *prometheus.GaugeVec   // inboxworker_route_paused{topic,reason}
+	Pauses *prometheus.CounterVec // inboxworker_route_pauses_total{topic,reason}
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -64,12 +64,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"topic"}),
 		Paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "inboxworker_route_paused",
-			Help: "1 while the topic's route is paused (or probing) because its dependency looks down, else 0.",
-		}, []string{"topic"}),
+			Help: "1 while the topic's route starts nothing, by reason: outage (its dependency looks down; the route is paused or probing) or retry_after (its dependency asked to wait), else 0.",
+		}, []string{"topic", "reason"}),
 		Pauses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inboxworker_route_pauses_total",
-			Help: "Times the topic's route was paused because its dependency looked down.",
-		}, []string{"topic"}),
+			Help: "Times the topic's route was paused, by reason (outage, retry_after).",
+		}, []string{"topic", "reason"}),
 	}
 	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag, m.Stalled, m.DeadLettersStored,
 		m.Parked, m.Oldest, m.Paused, m.Pauses)
@@ -96,8 +96,10 @@ func (m *Metrics) initSeries(topics []string) {
 		m.DeadLettersStored.WithLabelValues(topic)
 		m.Parked.WithLabelValues(topic)
 		m.Oldest.WithLabelValues(topic)
-		m.Paused.WithLabelValues(topic)
-		m.Pauses.WithLabelValues(topic)
+		for _, reason := range pauseReasons {
+			m.Paused.WithLabelValues(topic, reason)
+			m.Pauses.WithLabelValues(topic, reason)
+		}
 	}
 }
 
@@ -153,4 +155,40 @@ func (m *Metrics) deleteLag(topic string, partition int) {
 	p := strconv.Itoa(partition)
 	m.Lag.DeleteLabelValues(topic, p)
 	m.Stalled.DeleteLabelValues(topic, p)
+}
+
+// setPaused sets the route_paused gauge of topic for reason.
+func (m *Metrics) setPaused(topic, reason string, paused bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if paused {
+		v = 1
+	}
+	m.Paused.WithLabelValues(topic, reason).Set(v)
+}
+
+// countPause counts a pause of topic's route for reason.
+func (m *Metrics) countPause(topic, reason string) {
+	if m == nil {
+		return
+	}
+	m.Pauses.WithLabelValues(topic, reason).Inc()
+}
+
+// observe sets the park's gauges of topics from stats; a topic without stats has nothing parked.
+func (m *Metrics) observe(topics []string, stats []inbox.ParkStats) {
+	if m == nil {
+		return
+	}
+	byTopic := make(map[string]inbox.ParkStats, len(stats))
+	for _, st := range stats {
+		byTopic[st.Topic] = st
+	}
+	for _, t := range topics {
+		st := byTopic[t]
+		m.Parked.WithLabelValues(t).Set(float64(st.Messages))
+		m.Oldest.WithLabelValues(t).Set(st.OldestAge.Seconds())
+	}
 }

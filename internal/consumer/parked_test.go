@@ -336,7 +336,7 @@ func TestProviderOutagePausesRoute(t *testing.T) {
 	e := setup(t, testMode{consumer.PerMessage, consumer.ByKey}, 2)
 	h := &provider{}
 	config := e.config(h)
-	h.paused = func() bool { return testutil.ToFloat64(config.Metrics.Paused.WithLabelValues(topic)) == 1 }
+	h.paused = func() bool { return testutil.ToFloat64(config.Metrics.Paused.WithLabelValues(topic, "outage")) == 1 }
 	parkSoon(&config)
 	config.ParkAfter = 100 * time.Millisecond
 	config.Retry = consumer.Retry{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond,
@@ -352,7 +352,7 @@ func TestProviderOutagePausesRoute(t *testing.T) {
 	}
 	c, _ := e.start(config)
 	e.waitFor("the route paused", func() bool {
-		return testutil.ToFloat64(config.Metrics.Pauses.WithLabelValues(topic)) >= 1
+		return testutil.ToFloat64(config.Metrics.Pauses.WithLabelValues(topic, "outage")) >= 1
 	})
 	time.Sleep(10 * config.Retry.MaxElapsed) // the outage: ten retry budgets
 	if n := outcomes(config, "dead_lettered"); n != 0 {
@@ -412,7 +412,7 @@ func TestPoisonKeyDoesNotPause(t *testing.T) {
 		if got := header(e.deadLetters()[0], "dlq-reason"); got != "retries_exhausted" {
 			t.Errorf("dlq-reason %q, want retries_exhausted", got)
 		}
-		if n := testutil.ToFloat64(config.Metrics.Pauses.WithLabelValues(topic)); n != 0 {
+		if n := testutil.ToFloat64(config.Metrics.Pauses.WithLabelValues(topic, "outage")); n != 0 {
 			t.Errorf("the route paused %v times, want never", n)
 		}
 		checkOnce(t, e, others)
@@ -484,7 +484,7 @@ func TestParkMetricsAtZero(t *testing.T) {
 	if _, err := consumer.New(config); err != nil {
 		t.Fatal(err)
 	}
-	for _, g := range []*prometheus.GaugeVec{config.Metrics.Parked, config.Metrics.Oldest, config.Metrics.Paused} {
+	for _, g := range []*prometheus.GaugeVec{config.Metrics.Parked, config.Metrics.Oldest} {
 		if n := testutil.CollectAndCount(g); n != 1 {
 			t.Errorf("%d series, want one for the route", n)
 		}
@@ -492,7 +492,108 @@ func TestParkMetricsAtZero(t *testing.T) {
 			t.Errorf("%v at start, want 0", v)
 		}
 	}
-	if n := testutil.CollectAndCount(config.Metrics.Pauses); n != 1 {
-		t.Errorf("route_pauses_total has %d series, want one for the route", n)
+	for _, reason := range []string{"outage", "retry_after"} {
+		if v := testutil.ToFloat64(config.Metrics.Paused.WithLabelValues(topic, reason)); v != 0 {
+			t.Errorf("route_paused{%s} %v at start, want 0", reason, v)
+		}
+	}
+	if n := testutil.CollectAndCount(config.Metrics.Paused); n != 2 {
+		t.Errorf("route_paused has %d series, want one for the route per reason", n)
+	}
+	if n := testutil.CollectAndCount(config.Metrics.Pauses); n != 2 {
+		t.Errorf("route_pauses_total has %d series, want one for the route per reason", n)
+	}
+}
+
+// TestPoisonKeysResume: three keys that always fail, on a route that has nothing else, trip the
+// circuit; probes of the keys that tripped it do not prove the dependency down, so the keys go on
+// spending their budgets, end as dead letters, and the route resumes.
+func TestPoisonKeysResume(t *testing.T) {
+	t.Parallel()
+	forEachParkingMode(t, func(t *testing.T, mode testMode) {
+		e := setup(t, mode, 1)
+		config := e.config(&recorder{fail: func(d inbox.Delivery) error {
+			return fault.Retryable(errors.New("provider answered 503 for this one"))
+		}})
+		parkSoon(&config)
+		config.Retry = consumer.Retry{InitialInterval: time.Millisecond, MaxInterval: 10 * time.Millisecond,
+			MaxElapsed: 500 * time.Millisecond}
+		config.Circuit = consumer.CircuitConfig{ConsecutiveFailures: 5, MinKeys: 3,
+			ProbeInterval: 20 * time.Millisecond, MaxProbeInterval: 100 * time.Millisecond}
+		e.produce("poison-a", "poison-b", "poison-c")
+		e.start(config)
+		e.waitFor("the three keys dead-lettered", func() bool { return len(e.deadLetters()) == 3 })
+		e.waitFor("the route open", func() bool { return routePaused(config, "outage") == 0 })
+	})
+}
+
+// TestParkDrainsConcurrently: parked messages of different keys are retried at once, within the
+// route's concurrency, not one after another per partition: after an outage, the park drains at
+// the route's pace.
+func TestParkDrainsConcurrently(t *testing.T) {
+	t.Parallel()
+	e := setup(t, testMode{consumer.PerMessage, consumer.ByKey}, 1)
+	var exists atomic.Bool
+	var running, peak atomic.Int64
+	config := e.config(&recorder{fail: func(d inbox.Delivery) error {
+		if !exists.Load() {
+			return fault.RetryableUntil(fault.UnknownOrder, fmt.Errorf("no order for %s", d.Key))
+		}
+		n := running.Add(1)
+		defer running.Add(-1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		time.Sleep(100 * time.Millisecond)
+		return nil
+	}})
+	parkSoon(&config)
+	config.Retry.MaxElapsed = 10 * time.Minute
+	late := keys("late", 16)
+	e.produce(late...)
+	e.start(config)
+	e.waitFor("every message parked", func() bool { return len(e.parkedKeys()) == len(late) })
+	exists.Store(true)
+	e.waitFor("every message applied", func() bool { return len(e.effects()) == len(late) })
+	if n := peak.Load(); n < 3 {
+		t.Errorf("at most %d parked messages retried at once, want up to the route's concurrency (%d)",
+			n, routeConcurrency)
+	}
+	checkOnce(t, e, late)
+}
+
+// TestParkedRetryFinishesOnStop: a stop lets a parked message's retry in flight finish within the
+// shutdown timeout and records it, as it does for a message retried in place: a deploy does not
+// make the call again after the restart.
+func TestParkedRetryFinishesOnStop(t *testing.T) {
+	t.Parallel()
+	e := setup(t, testMode{consumer.PerMessage, consumer.ByKey}, 1)
+	var exists atomic.Bool
+	out := make(chan struct{}, 1)
+	h := newCaller(func(ctx context.Context, d inbox.Delivery) error {
+		if !exists.Load() {
+			return fault.Retryable(errors.New("provider answered 503"))
+		}
+		out <- struct{}{}
+		select {
+		case <-time.After(500 * time.Millisecond):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	config := e.callConfig(h)
+	parkSoon(&config)
+	config.Retry.MaxElapsed = 10 * time.Minute
+	e.produce("late-1")
+	_, stop := e.start(config)
+	e.waitFor("the message parked", func() bool { return slices.Equal(e.parkedKeys(), []string{"late-1"}) })
+	exists.Store(true)
+	<-out
+	stop()
+	if got := e.effects(); got["late-1"] != 1 {
+		t.Fatalf("effects %v: the stop cancelled the retry in flight instead of letting it finish", got)
+	}
+	if got := e.parkedKeys(); len(got) != 0 {
+		t.Errorf("still parked: %q", got)
 	}
 }

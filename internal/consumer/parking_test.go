@@ -3,7 +3,6 @@ package consumer
 import (
 	"bytes"
 	"context"
-	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -127,7 +126,7 @@ func TestParkMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
 	m.initSeries([]string{"a", "b"})
-	for _, g := range []*prometheus.GaugeVec{m.Parked, m.Oldest, m.Paused} {
+	for _, g := range []*prometheus.GaugeVec{m.Parked, m.Oldest} {
 		if n := testutil.CollectAndCount(g); n != 2 {
 			t.Errorf("%d series at start, want one per topic", n)
 		}
@@ -167,30 +166,4 @@ func TestParkMetrics(t *testing.T) {
 		t.Errorf("parked_oldest_seconds{a} = %g, want the age of the first", v)
 	}
 
-	logs := &bytes.Buffer{}
-	change := routeChange(slog.New(slog.NewTextHandler(logs, nil)), m, "b")
-	for _, c := range []struct {
-		from, to RouteState
-		paused   float64
-		log      string
-	}{
-		{RouteOpen, RoutePaused, 1, "pausing the route"},
-		{RoutePaused, RouteProbing, 1, "the route is probing"},
-		{RouteProbing, RoutePaused, 1, "the route is paused"},
-		{RoutePaused, RouteProbing, 1, "the route is probing"},
-		{RouteProbing, RouteOpen, 0, "resuming the route"},
-	} {
-		logs.Reset()
-		change(c.from, c.to, "because")
-		if v := testutil.ToFloat64(m.Pauses.WithLabelValues("b")); v != 1 {
-			t.Errorf("%v→%v: route_pauses_total{b} = %g, want the one pause", c.from, c.to, v)
-		}
-		if v := testutil.ToFloat64(m.Paused.WithLabelValues("b")); v != c.paused {
-			t.Errorf("%v→%v: route_paused{b} = %g, want %g", c.from, c.to, v, c.paused)
-		}
-		if !strings.Contains(logs.String(), c.log) || !strings.Contains(logs.String(), "topic=b") ||
-			!strings.Contains(logs.String(), "why=because") {
-			t.Errorf("%v→%v logged %q, want %q with the topic and why", c.from, c.to, logs, c.log)
-		}
-	}
 }

@@ -8,10 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/fault"
 )
 
@@ -36,22 +34,16 @@ const commitInterval = 50 * time.Millisecond
 // the highest contiguous finished message.
 type partition struct {
 	c      *Consumer
-	route  Route
+	route  *route
 	topic  string
 	id     int
 	gen    *kafka.Generation
 	offset int64 // the assigned offset: the group's committed offset, or kafka.FirstOffset
 	log    *slog.Logger
-	limit  *routeLimit
-	// circuit is the route's outage circuit.
-	circuit *circuit
 	// parked are the ordering keys with messages in the park, whose later messages are parked
 	// behind them; nil with Ordering ByPartition, which parks nothing. retrier retries them.
 	parked  *parkedKeys
 	retrier *retrier
-
-	// batcher is the route's handler when batches are applied in one transaction, else nil.
-	batcher effect.BatchHandler
 
 	reader   *kafka.Reader
 	stopping <-chan struct{} // closed when Run's context is cancelled
@@ -101,13 +93,8 @@ type settled struct {
 	finished int
 }
 
-func (c *Consumer) newPartition(route Route, a kafka.PartitionAssignment, gen *kafka.Generation) *partition {
-	var batcher effect.BatchHandler
-	if h, ok := route.Handler.(effect.BatchHandler); ok && c.config.Transactions == PerBatch {
-		batcher = h
-	}
+func (c *Consumer) newPartition(route *route, a kafka.PartitionAssignment, gen *kafka.Generation) *partition {
 	p := &partition{
-		batcher:   batcher,
 		c:         c,
 		route:     route,
 		topic:     route.Topic,
@@ -115,8 +102,6 @@ func (c *Consumer) newPartition(route Route, a kafka.PartitionAssignment, gen *k
 		gen:       gen,
 		offset:    a.Offset,
 		log:       c.log.With("topic", route.Topic, "partition", a.ID, "generation", gen.ID),
-		limit:     c.limits[route.Topic],
-		circuit:   c.circuits[route.Topic],
 		busy:      make(map[string]bool),
 		room:      make(chan struct{}, c.config.MaxInFlight),
 		settled:   make(chan settled, c.config.MaxInFlight),
@@ -163,7 +148,7 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 		return
 	}
 	if p.c.config.Ordering == ByKey {
-		stopRetrier, err := p.startRetrier(idle)
+		stopRetrier, err := p.startRetrier(idle, work)
 		if err != nil {
 			p.log.Info("released the partition", "cause", err)
 			return
@@ -171,7 +156,7 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 		defer stopRetrier()
 	}
 	transactions := PerMessage
-	if p.batcher != nil {
+	if p.route.batcher != nil {
 		transactions = PerBatch
 	}
 	p.log.Info("consuming the partition", "offset", offsetAttr(p.offset), "transactions", transactions.String(),
@@ -219,7 +204,7 @@ func (p *partition) loop(work, idle context.Context, fetched <-chan kafka.Messag
 		}
 		var slot chan<- struct{}
 		if p.wantsSlot && !draining {
-			slot = p.limit.slots
+			slot = p.route.gate.slots
 		}
 		var alarm <-chan time.Time
 		if wake > 0 {
@@ -398,19 +383,6 @@ func (p *partition) sleep(ctx context.Context, d time.Duration) error {
 		return errStopping
 	}
 }
-
-// outageBackOff paces waits for a dependency that is down: without limit, and never so long apart
-// that the partition is slow to resume once the dependency is back.
-func (p *partition) outageBackOff() *backoff.ExponentialBackOff {
-	return backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(p.c.config.Retry.InitialInterval),
-		backoff.WithMaxInterval(min(p.c.config.Retry.MaxInterval, maxOutageInterval)),
-		backoff.WithMaxElapsedTime(0),
-	)
-}
-
-// maxOutageInterval bounds the wait between checks of a dependency that is down.
-const maxOutageInterval = 5 * time.Second
 
 func offsetAttr(offset int64) any {
 	switch offset {

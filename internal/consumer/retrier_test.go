@@ -12,11 +12,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 	"github.com/inboxworker/inboxworker/internal/testlog"
 )
@@ -41,23 +45,20 @@ func (h *scriptHandler) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery)
 
 // letter is a dead letter a retrier wrote.
 type letter struct {
-	m        kafka.Message
-	reason   fault.Reason
-	err      error
-	attempts int
+	m kafka.Message
+	deadletter.Letter
 }
 
-// retrierEnv is a partition's park in a fresh schema and what its retriers did.
+// retrierEnv is a partition's park in a fresh schema, a broker for its dead letters, and what its
+// retriers did.
 type retrierEnv struct {
 	t       *testing.T
 	db      *pgtest.DB
+	kafka   *kafkatest.Cluster
 	store   *inbox.Store
 	keys    *parkedKeys
 	handler *scriptHandler
-
-	mu       sync.Mutex
-	letters  []letter
-	outcomes []string
+	metrics *Metrics
 }
 
 const (
@@ -76,7 +77,9 @@ func setupRetrier(t *testing.T) *retrierEnv {
 		`CREATE TABLE effects (id bigint GENERATED ALWAYS AS IDENTITY, key text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	e := &retrierEnv{t: t, db: db, store: store, handler: &scriptHandler{}}
+	e := &retrierEnv{t: t, db: db, store: store, handler: &scriptHandler{},
+		kafka:   kafkatest.Start(t, parkPartition+1, parkTopic, parkTopic+".dlq"),
+		metrics: NewMetrics(prometheus.NewRegistry())}
 	e.keys, err = loadParkedKeys(context.Background(), store, parkTopic, parkPartition)
 	if err != nil {
 		t.Fatal(err)
@@ -84,43 +87,51 @@ func setupRetrier(t *testing.T) *retrierEnv {
 	return e
 }
 
-// start runs a retrier of the park until the test ends, and returns it.
-func (e *retrierEnv) start(owner string, retry Retry, c *circuit) *retrier {
+// retrierOf is the retrier of the test partition for a consumer of e's park whose route has
+// handler h (e.handler when nil), as the owner named owner, with retry and the route's circuit
+// configured by cc.
+func (e *retrierEnv) retrierOf(owner string, retry Retry, cc CircuitConfig, h any) *retrier {
 	e.t.Helper()
-	route := Route{Topic: parkTopic, Name: "payments", Handler: e.handler}
+	if h == nil {
+		h = e.handler
+	}
 	log := testlog.New(e.t).With("retrier", owner)
-	r := newRetrier(retrierConfig{
-		store: e.store, route: route, partition: parkPartition, owner: owner, lease: time.Minute,
-		retry: retry, circuit: c, keys: e.keys,
-		apply: parkedEffect(e.store, route, 10*time.Second, log),
-		classify: func(_ context.Context, err error) (fault.Kind, fault.Reason, time.Duration) {
-			return fault.Classify(err)
-		},
-		deadLetter: func(_ context.Context, m kafka.Message, reason fault.Reason, err error, attempts int) error {
-			e.mu.Lock()
-			defer e.mu.Unlock()
-			e.letters = append(e.letters, letter{m, reason, err, attempts})
-			return nil
-		},
-		finished: func(outcome string) {
-			e.mu.Lock()
-			defer e.mu.Unlock()
-			e.outcomes = append(e.outcomes, outcome)
-		},
-		poll: 20 * time.Millisecond,
-		log:  log,
+	c, err := New(Config{
+		Brokers: []string{e.kafka.Addr}, Routes: []Route{{Topic: parkTopic, Name: "payments", Handler: h}},
+		Retry: retry, ParkLease: time.Minute, Circuit: cc, Store: e.store,
+		DeadLetters: deadletter.NewStore(e.db.Pool), Metrics: e.metrics, Logger: log,
 	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(c.closeConnections)
+	p := &partition{c: c, route: c.routes[parkTopic], topic: parkTopic, id: parkPartition, log: log,
+		parked: e.keys, stopping: make(chan struct{})}
+	p.retrier = newRetrier(p, owner)
+	p.retrier.poll = 20 * time.Millisecond
+	return p.retrier
+}
+
+// start runs a retrier of the park until the test ends, and returns it.
+func (e *retrierEnv) start(owner string, retry Retry, cc CircuitConfig) *retrier {
+	e.t.Helper()
+	r := e.retrierOf(owner, retry, cc, nil)
+	e.run(r)
+	return r
+}
+
+// run runs r until the test ends.
+func (e *retrierEnv) run(r *retrier) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		r.run(ctx)
+		r.run(ctx, ctx)
 	}()
 	e.t.Cleanup(func() {
 		cancel()
 		<-done
 	})
-	return r
 }
 
 // fastRetry retries within milliseconds, and gives a message 200ms of budget.
@@ -165,9 +176,16 @@ func (e *retrierEnv) parkedCount() int {
 }
 
 func (e *retrierEnv) deadLetters() []letter {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return slices.Clone(e.letters)
+	e.t.Helper()
+	var out []letter
+	for p := range parkPartition + 1 {
+		for _, m := range e.kafka.ReadAll(e.t, parkTopic+".dlq", p) {
+			l, original := deadletter.Read(m.Headers)
+			m.Headers = original
+			out = append(out, letter{m: m, Letter: l})
+		}
+	}
+	return out
 }
 
 // eventually polls cond until it returns "", failing the test with its last answer after a minute.
@@ -196,17 +214,20 @@ func (e *retrierEnv) waitEmpty() {
 	})
 }
 
-// waitOutcomes waits until n messages are finished and returns their outcomes: an outcome is
-// reported after its transaction committed, a moment after the park row is gone.
-func (e *retrierEnv) waitOutcomes(n int) []string {
+// waitOutcomes waits until n messages are finished and returns how many finished with each
+// outcome: an outcome is counted after its transaction committed, a moment after the park row is
+// gone.
+func (e *retrierEnv) waitOutcomes(n int) map[string]int {
 	e.t.Helper()
-	var got []string
+	got := map[string]int{}
 	eventually(e.t, func() string {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		got = slices.Clone(e.outcomes)
-		if len(got) < n {
-			return fmt.Sprintf("%d of %d outcomes reported", len(got), n)
+		total := 0
+		for _, o := range outcomes {
+			got[o] = int(testutil.ToFloat64(e.metrics.Messages.WithLabelValues(parkTopic, o)))
+			total += got[o]
+		}
+		if total < n {
+			return fmt.Sprintf("%d of %d outcomes counted", total, n)
 		}
 		return ""
 	})
@@ -233,7 +254,7 @@ func TestRetrierAppliesEachKeyInOrder(t *testing.T) {
 	if n := e.keys.len(); n != 3 {
 		t.Fatalf("%d keys parked, want 3", n)
 	}
-	e.start("o1", fastRetry, nil)
+	e.start("o1", fastRetry, CircuitConfig{})
 	e.waitEmpty()
 	effects := e.effects()
 	for k, want := range map[string][]string{"A": {"A@10", "A@12", "A@14"}, "B": {"B@11", "B@15"}, "C": {"C@13"}} {
@@ -247,8 +268,8 @@ func TestRetrierAppliesEachKeyInOrder(t *testing.T) {
 		}
 		return ""
 	})
-	if got := e.waitOutcomes(6); len(got) != 6 || slices.ContainsFunc(got, func(o string) bool { return o != "applied" }) {
-		t.Errorf("outcomes %q, want 6 applied", got)
+	if got := e.waitOutcomes(6); got["applied"] != 6 {
+		t.Errorf("outcomes %v, want 6 applied", got)
 	}
 }
 
@@ -266,7 +287,7 @@ func TestRetrierBudgetRunsOut(t *testing.T) {
 	e.park("A", 1)
 	e.park("A", 2)
 	e.park("B", 3)
-	e.start("o1", fastRetry, nil)
+	e.start("o1", fastRetry, CircuitConfig{})
 	e.waitEmpty()
 
 	letters := e.deadLetters()
@@ -274,13 +295,13 @@ func TestRetrierBudgetRunsOut(t *testing.T) {
 		t.Fatalf("%d dead letters, want 1", len(letters))
 	}
 	l := letters[0]
-	if l.reason != fault.UnknownOrder || l.err == nil || l.err.Error() != "no order A" || l.attempts < 3 {
-		t.Errorf("dead letter: reason %s, error %v, attempts %d; want unknown_order, its error, several attempts", l.reason, l.err, l.attempts)
+	if l.Reason != fault.UnknownOrder || l.Error != "no order A" || l.Attempts < 3 {
+		t.Errorf("dead letter: reason %s, error %q, attempts %d; want unknown_order, its error, several attempts", l.Reason, l.Error, l.Attempts)
 	}
-	if l.m.Topic != parkTopic || l.m.Partition != parkPartition || l.m.Offset != 1 || string(l.m.Key) != "A" ||
+	if l.Topic != parkTopic || l.Partition != parkPartition || l.Offset != 1 || string(l.m.Key) != "A" ||
 		len(l.m.Headers) != 1 || string(l.m.Headers[0].Value) != "A@1" {
-		t.Errorf("dead letter of %s/%d@%d key %q headers %v, want the parked message as read", l.m.Topic, l.m.Partition,
-			l.m.Offset, l.m.Key, l.m.Headers)
+		t.Errorf("dead letter of %s/%d@%d key %q headers %v, want the parked message as read", l.Topic, l.Partition,
+			l.Offset, l.m.Key, l.m.Headers)
 	}
 	if got := e.effects(); !slices.Equal(slices.Sorted(slices.Values(got)), []string{"A@2", "B@3"}) {
 		t.Errorf("effects %q, want A@2 and B@3", got)
@@ -322,14 +343,14 @@ func TestRetrierDeadLettersAtOnce(t *testing.T) {
 			}
 			e.park("A", 1)
 			e.park("A", 2)
-			e.start("o1", fastRetry, nil)
+			e.start("o1", fastRetry, CircuitConfig{})
 			e.waitEmpty()
 			letters := e.deadLetters()
 			attempts := 2 // one before parking, one in the park
 			if c.reason == fault.IdempotencyKeyReused {
 				attempts = 1
 			}
-			if len(letters) != 1 || letters[0].reason != c.reason || letters[0].attempts != attempts {
+			if len(letters) != 1 || letters[0].Reason != c.reason || letters[0].Attempts != attempts {
 				t.Fatalf("dead letters %+v, want one with reason %s after %d attempts", letters, c.reason, attempts)
 			}
 			if got := e.effects(); !slices.Equal(got, []string{"A@2"}) {
@@ -349,13 +370,13 @@ func TestRetrierAppliedMeanwhile(t *testing.T) {
 	if _, err := e.store.Process(context.Background(), msg, func(context.Context, pgx.Tx) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
-	e.start("o1", fastRetry, nil)
+	e.start("o1", fastRetry, CircuitConfig{})
 	e.waitEmpty()
 	if n := e.handler.calls.Load(); n != 0 {
 		t.Errorf("the handler ran %d times, want 0", n)
 	}
-	if got := e.waitOutcomes(1); !slices.Equal(got, []string{"duplicate"}) {
-		t.Errorf("outcomes %q, want duplicate", got)
+	if got := e.waitOutcomes(1); got["duplicate"] != 1 {
+		t.Errorf("outcomes %v, want a duplicate", got)
 	}
 }
 
@@ -364,10 +385,9 @@ func TestRetrierAppliedMeanwhile(t *testing.T) {
 func TestRetrierPausedRouteChargesNothing(t *testing.T) {
 	t.Parallel()
 	e := setupRetrier(t)
-	c, err := newCircuit(CircuitConfig{ProbeInterval: 2 * time.Millisecond, MaxProbeInterval: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	budget := Retry{InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond, MaxElapsed: 5 * time.Millisecond}
+	r := e.retrierOf("o1", budget, CircuitConfig{ProbeInterval: 2 * time.Millisecond, MaxProbeInterval: 10 * time.Millisecond}, nil)
+	c := r.p.route.gate.circuit
 	var down atomic.Bool
 	down.Store(true)
 	var nonProbes, running, overlaps atomic.Int64
@@ -384,16 +404,19 @@ func TestRetrierPausedRouteChargesNothing(t *testing.T) {
 		}
 		return nil
 	}
-	// Trip the route, as messages of other keys failing together would.
+	// Trip the route, as messages of other keys failing together would, and confirm the outage
+	// with a probe of another key.
 	for i := range 10 {
 		p, _ := c.Allow()
-		c.Record(p, strconv.Itoa(i), resultFailed)
+		c.Record(p, strconv.Itoa(i), signalFailed)
 	}
+	time.Sleep(5 * time.Millisecond)
+	p, _ := c.Allow()
+	c.Record(p, "another", signalFailed)
 	for i, k := range []string{"A", "B", "C", "A"} {
 		e.park(k, int64(i))
 	}
-	budget := Retry{InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond, MaxElapsed: 5 * time.Millisecond}
-	e.start("o1", budget, c)
+	e.run(r)
 
 	// Far more probes than the budget would allow a message.
 	eventually(t, func() string {
@@ -441,11 +464,6 @@ func TestRetrierPausedRouteChargesNothing(t *testing.T) {
 func TestRetrierPoisonKeyDoesNotPause(t *testing.T) {
 	t.Parallel()
 	e := setupRetrier(t)
-	var changes atomic.Int64
-	c, err := newCircuit(CircuitConfig{OnChange: func(RouteState, RouteState, string) { changes.Add(1) }})
-	if err != nil {
-		t.Fatal(err)
-	}
 	e.handler.fail = func(d inbox.Delivery) error {
 		if d.Key == "P@0" {
 			return fault.Retryable(errors.New("provider answered 503 for this one"))
@@ -456,12 +474,12 @@ func TestRetrierPoisonKeyDoesNotPause(t *testing.T) {
 	for i := range 20 {
 		e.park(fmt.Sprint("K", i), int64(1+i))
 	}
-	e.start("o1", fastRetry, c)
+	e.start("o1", fastRetry, CircuitConfig{})
 	e.waitEmpty()
-	if n := changes.Load(); n != 0 {
-		t.Errorf("the route changed state %d times, want never", n)
+	if n := testutil.ToFloat64(e.metrics.Pauses.WithLabelValues(parkTopic, pausedOutage)); n != 0 {
+		t.Errorf("the route paused %v times, want never", n)
 	}
-	if letters := e.deadLetters(); len(letters) != 1 || letters[0].reason != fault.RetriesExhausted {
+	if letters := e.deadLetters(); len(letters) != 1 || letters[0].Reason != fault.RetriesExhausted {
 		t.Errorf("dead letters %+v, want P@0's, retries_exhausted", letters)
 	}
 	if n := len(e.effects()); n != 20 {
@@ -469,41 +487,35 @@ func TestRetrierPoisonKeyDoesNotPause(t *testing.T) {
 	}
 }
 
-// A retrier that stops gives its claims up: the partition's next owner takes them at once.
-func TestRetrierStopReleasesClaims(t *testing.T) {
+// blocker is a handler whose every run waits until its attempt is cancelled, as a slow attempt
+// would; started is closed at its first run.
+type blocker struct {
+	once    sync.Once
+	started chan struct{}
+}
+
+func (h *blocker) Handle(ctx context.Context, _ pgx.Tx, _ inbox.Delivery) error {
+	h.once.Do(func() { close(h.started) })
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// A retrier that stops gives its holds up: the partition's next owner takes them at once, with no
+// attempt counted for the one its stop cut short.
+func TestRetrierStopReleasesHolds(t *testing.T) {
 	t.Parallel()
 	e := setupRetrier(t)
-	started := make(chan struct{})
-	var once sync.Once
-	e.handler.fail = func(d inbox.Delivery) error {
-		once.Do(func() { close(started) })
-		return fault.Retryable(errors.New("slow"))
-	}
+	h := &blocker{started: make(chan struct{})}
 	e.park("A", 1)
-	route := Route{Topic: parkTopic, Name: "payments", Handler: e.handler}
-	log := testlog.New(t)
+	r := e.retrierOf("old", Retry{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxElapsed: 10 * time.Hour},
+		CircuitConfig{}, h)
 	ctx, cancel := context.WithCancel(context.Background())
-	r := newRetrier(retrierConfig{
-		store: e.store, route: route, partition: parkPartition, owner: "old", lease: time.Hour,
-		retry: Retry{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxElapsed: 10 * time.Hour}, keys: e.keys,
-		apply: func(ctx context.Context, p inbox.Parked) (inbox.Outcome, error) {
-			// Hold the claim until stopped, as a slow attempt would.
-			_ = e.handler.fail(inbox.Delivery{Key: p.IdempotencyKey})
-			<-ctx.Done()
-			return "", ctx.Err()
-		},
-		classify: func(_ context.Context, err error) (fault.Kind, fault.Reason, time.Duration) {
-			return fault.Classify(err)
-		},
-		deadLetter: func(context.Context, kafka.Message, fault.Reason, error, int) error { return nil },
-		poll:       10 * time.Millisecond, log: log,
-	})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		r.run(ctx)
+		r.run(ctx, ctx)
 	}()
-	<-started
+	<-h.started
 	taken, err := e.store.TakeDue(context.Background(), parkTopic, parkPartition, "new", time.Minute, 10)
 	if err != nil || len(taken) != 0 {
 		t.Fatalf("the new owner took %d while the old one held it (%v)", len(taken), err)
@@ -525,8 +537,8 @@ func TestRetrierTwoOwners(t *testing.T) {
 			e.park(fmt.Sprint("K", i), int64(100*j+i))
 		}
 	}
-	e.start("o1", fastRetry, nil)
-	e.start("o2", fastRetry, nil)
+	e.start("o1", fastRetry, CircuitConfig{})
+	e.start("o2", fastRetry, CircuitConfig{})
 	e.waitEmpty()
 	effects := e.effects()
 	if len(effects) != 90 || len(slices.Compact(slices.Sorted(slices.Values(effects)))) != 90 {
@@ -552,10 +564,10 @@ func TestRetrierCrashLoop(t *testing.T) {
 		`UPDATE inbox_parked SET starts = $1 WHERE "offset" = 1`, crashLoopStarts); err != nil {
 		t.Fatal(err)
 	}
-	e.start("o1", fastRetry, nil)
+	e.start("o1", fastRetry, CircuitConfig{})
 	e.waitEmpty()
 	letters := e.deadLetters()
-	if len(letters) != 1 || letters[0].reason != fault.CrashLoop || letters[0].m.Offset != 1 {
+	if len(letters) != 1 || letters[0].Reason != fault.CrashLoop || letters[0].Offset != 1 {
 		t.Fatalf("dead letters %+v, want A@1's, crash_loop", letters)
 	}
 	if got := e.effects(); !slices.Equal(got, []string{"A@2"}) {
@@ -613,30 +625,11 @@ func TestRetrierCallHandler(t *testing.T) {
 	e.park("A", 2)
 	e.park("B", 3)
 
-	route := Route{Topic: parkTopic, Name: "payments", Handler: h}
-	log := testlog.New(t)
-	r := newRetrier(retrierConfig{
-		store: e.store, route: route, partition: parkPartition, owner: "o", lease: time.Minute,
-		retry: fastRetry, keys: e.keys,
-		apply: parkedEffect(e.store, route, 10*time.Second, log),
-		classify: func(_ context.Context, err error) (fault.Kind, fault.Reason, time.Duration) {
-			return fault.Classify(err)
-		},
-		deadLetter: func(context.Context, kafka.Message, fault.Reason, error, int) error {
-			t.Error("dead-lettered")
-			return nil
-		},
-		poll: 10 * time.Millisecond, log: log,
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		r.run(ctx)
-	}()
+	e.run(e.retrierOf("o", fastRetry, CircuitConfig{}, h))
 	e.waitEmpty()
-	cancel()
-	<-done
+	if letters := e.deadLetters(); len(letters) != 0 {
+		t.Errorf("dead letters %+v, want none", letters)
+	}
 	if got := e.effects(); !slices.Equal(got, []string{"A@1", "A@2"}) {
 		t.Errorf("effects %q, want A@1 then A@2", got)
 	}

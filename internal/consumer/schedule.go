@@ -22,28 +22,26 @@ func (p *partition) schedule(work, idle context.Context) time.Duration {
 	if p.guard.narrowing() {
 		return p.scheduleAlone(work)
 	}
-	if d := p.limit.pausedFor(); d > 0 {
-		return d
-	}
-	if p.unstarted == 0 {
+	admission, wait := p.route.gate.admit()
+	switch {
+	case admission == admitNone:
+		return wait
+	case admission == admitProbe && p.running > 0:
+		return routePoll // the probe starts once nothing of the partition is in flight
+	case p.unstarted == 0:
 		return 0
-	}
-	if p.held == 0 && len(p.limit.slots) == cap(p.limit.slots) {
+	case p.held == 0 && p.route.gate.full():
 		p.wantsSlot = true // no slot to start anything with: no need to look for what could start
 		return 0
 	}
-	probe, wait := p.routeGate()
-	if wait > 0 {
-		return wait
-	}
 	var ds []*dispatch
 	switch {
-	case probe:
-		ds = p.pickMessages(1) // its first run is the probe of the paused route
-	case p.batcher != nil:
+	case admission == admitProbe:
+		ds = p.pickProbe() // its first run is the probe of the paused route
+	case p.route.batcher != nil:
 		ds, wait = p.pickBatches()
 	default:
-		ds = p.pickMessages(0)
+		ds = p.pickMessages()
 	}
 	if len(ds) == 0 {
 		return wait
@@ -58,13 +56,12 @@ func (p *partition) schedule(work, idle context.Context) time.Duration {
 	return wait
 }
 
-// pickMessages takes the messages that may start, one dispatch each, as long as the route has slots,
-// and at most limit of them unless it is 0.
-func (p *partition) pickMessages(limit int) []*dispatch {
+// pickMessages takes the messages that may start, one dispatch each, as long as the route has slots.
+func (p *partition) pickMessages() []*dispatch {
 	var ds []*dispatch
 	barrier := p.guard.barrier()
 	for _, e := range p.window[p.finished:] {
-		if e.msg.Offset >= barrier || limit > 0 && len(ds) == limit {
+		if e.msg.Offset >= barrier {
 			break
 		}
 		if e.started || p.busy[e.order] {
@@ -78,6 +75,34 @@ func (p *partition) pickMessages(limit int) []*dispatch {
 		ds = append(ds, &dispatch{entries: []*entry{e}})
 	}
 	return ds
+}
+
+// pickProbe takes one message to probe the paused route with: of a key whose failures did not
+// trip the circuit if it can, as such a probe tells more of the dependency than a key that may
+// fail on its own.
+func (p *partition) pickProbe() []*dispatch {
+	barrier := p.guard.barrier()
+	var pick *entry
+	for _, e := range p.window[p.finished:] {
+		if e.msg.Offset >= barrier {
+			break
+		}
+		if e.started || p.busy[e.order] {
+			continue
+		}
+		if pick == nil || !p.route.gate.tripped(e.order) {
+			pick = e
+		}
+		if !p.route.gate.tripped(e.order) {
+			break
+		}
+	}
+	if pick == nil || !p.takeSlot() {
+		p.wantsSlot = pick != nil
+		return nil
+	}
+	p.start(pick)
+	return []*dispatch{{entries: []*entry{pick}}}
 }
 
 // pickBatches forms the batches that may start, as long as the route has slots, and says how long
@@ -123,8 +148,8 @@ func (p *partition) scheduleAlone(work context.Context) time.Duration {
 	if p.running > 0 {
 		return 0
 	}
-	if d := p.limit.pausedFor(); d > 0 {
-		return d
+	if admission, wait := p.route.gate.admit(); admission == admitNone {
+		return wait
 	}
 	if !p.takeSlot() {
 		p.wantsSlot = true
@@ -133,11 +158,11 @@ func (p *partition) scheduleAlone(work context.Context) time.Duration {
 	e := p.window[p.finished]
 	starts, ok := p.guard.recordAlone(work, e)
 	if !ok {
-		p.limit.release()
+		p.route.gate.release()
 		return 0
 	}
 	p.start(e)
-	p.launch(work, &dispatch{entries: []*entry{e}, batch: p.batcher != nil, starts: starts})
+	p.launch(work, &dispatch{entries: []*entry{e}, batch: p.route.batcher != nil, starts: starts})
 	return 0
 }
 
@@ -146,7 +171,7 @@ func (p *partition) launch(work context.Context, d *dispatch) {
 	p.running++
 	go func() {
 		s := p.apply(work, d)
-		p.limit.release()
+		p.route.gate.release()
 		p.settled <- s // never blocks: there are never more dispatches than messages in flight
 	}()
 }
@@ -159,7 +184,7 @@ func (p *partition) unpick(ds []*dispatch) {
 			p.unstarted++
 			delete(p.busy, e.order)
 		}
-		p.limit.release()
+		p.route.gate.release()
 	}
 }
 
@@ -191,12 +216,12 @@ func (p *partition) takeSlot() bool {
 		p.held--
 		return true
 	}
-	return p.limit.tryAcquire()
+	return p.route.gate.tryAcquire()
 }
 
 func (p *partition) giveBackSlots() {
 	for ; p.held > 0; p.held-- {
-		p.limit.release()
+		p.route.gate.release()
 	}
 }
 

@@ -381,3 +381,11 @@ func lazyPool(t testing.TB) *pgxpool.Pool {
 	t.Cleanup(pool.Close)
 	return pool
 }
+
+// routeConcurrency is Route.Concurrency's default, the tests' routes'.
+const routeConcurrency = 4
+
+// routePaused is the route_paused gauge of the test route, for reason.
+func routePaused(config consumer.Config, reason string) float64 {
+	return testutil.ToFloat64(config.Metrics.Paused.WithLabelValues(topic, reason))
+}

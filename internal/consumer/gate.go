@@ -1,0 +1,222 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// gate is a route's one admission of work, shared by all its partitions and their retriers. Three
+// things decide whether a message of the route may start, each in one place:
+//
+//   - slots: at most Route.Concurrency of the route's handlers run at once (a batch counts once);
+//   - a throttle: the route's dependency asked to wait (a Retry-After), and nothing of the route
+//     starts before then;
+//   - the outage circuit (circuit.go): while the route's failures look like an outage of its
+//     dependency, nothing starts but one probe at a time.
+//
+// Everything that starts a message takes a slot and a permit; everything that ends gives the
+// result back. The time the route spends throttled or paused is no message's fault: paused() is
+// the clock of it, which the retry budgets leave out.
+type gate struct {
+	topic   string
+	slots   chan struct{}
+	circuit *circuit
+	metrics *Metrics
+	log     *slog.Logger
+
+	mu sync.Mutex
+	// The throttle: no start before until. The time throttled so far is done, plus the current
+	// span from since.
+	since, until time.Time
+	done         time.Duration
+	// reopen ends the throttle's gauge when it runs out.
+	reopen *time.Timer
+}
+
+// The reasons a route is paused, as the route_paused gauge's reason label.
+const (
+	pausedOutage     = "outage"      // the circuit: its dependency looks down
+	pausedRetryAfter = "retry_after" // the throttle: its dependency asked to wait
+)
+
+var pauseReasons = []string{pausedOutage, pausedRetryAfter}
+
+func newGate(topic string, concurrency int, cc CircuitConfig, m *Metrics, log *slog.Logger) (*gate, error) {
+	g := &gate{topic: topic, slots: make(chan struct{}, concurrency), metrics: m, log: log}
+	cc.OnChange = g.circuitChanged
+	c, err := newCircuit(cc)
+	if err != nil {
+		return nil, err
+	}
+	g.circuit = c
+	return g, nil
+}
+
+// tryAcquire takes a slot if one is free. The partition's loop takes one by sending on slots, in
+// a select beside its other events.
+func (g *gate) tryAcquire() bool {
+	select {
+	case g.slots <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// acquire waits for a free slot, or for ctx to be done.
+func (g *gate) acquire(ctx context.Context) error {
+	select {
+	case g.slots <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+func (g *gate) release() { <-g.slots }
+
+// full reports whether every slot is taken.
+func (g *gate) full() bool { return len(g.slots) == cap(g.slots) }
+
+// admission is what the gate lets start now.
+type admission int
+
+const (
+	admitAny   admission = iota // the route is open
+	admitProbe                  // the route is paused and its probe is due: one message may start
+	admitNone                   // nothing, for now
+)
+
+// admit says what may start now, or else how long until it may change (0: only an event can
+// change it, the end of a probe).
+func (g *gate) admit() (admission, time.Duration) {
+	if d := g.throttledFor(); d > 0 {
+		return admitNone, d
+	}
+	switch state, probeAt := g.circuit.State(); state {
+	case RouteOpen:
+		return admitAny, 0
+	case RoutePaused:
+		if d := time.Until(probeAt); d > 0 {
+			return admitNone, d
+		}
+		return admitProbe, 0
+	}
+	return admitNone, routePoll
+}
+
+// allow takes the permit for a message of key to start now: any while the route is open, the
+// probe once it is due while it is paused. Every permit granted goes back to record.
+func (g *gate) allow() (permit, bool) {
+	if g.throttledFor() > 0 {
+		return permit{}, false
+	}
+	return g.circuit.Allow()
+}
+
+// wait waits until a message may start and returns its permit: for a message retried in place,
+// which keeps its slot meanwhile. It fails only when ctx is done or stopping is closed.
+func (g *gate) wait(ctx context.Context, stopping <-chan struct{}) (permit, error) {
+	for {
+		if p, ok := g.allow(); ok {
+			return p, nil
+		}
+		_, d := g.admit()
+		if d <= 0 {
+			d = routePoll
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-g.circuit.Changed():
+		case <-ctx.Done():
+			t.Stop()
+			return permit{}, context.Cause(ctx)
+		case <-stopping:
+			t.Stop()
+			return permit{}, errStopping
+		}
+		t.Stop()
+	}
+}
+
+// record tells the circuit what the run of a message of key, started with p, came to.
+func (g *gate) record(p permit, key string, res signal) { g.circuit.Record(p, key, res) }
+
+// open reports whether the circuit has the route open: a failure now is a message's own.
+func (g *gate) open() bool {
+	state, _ := g.circuit.State()
+	return state == RouteOpen
+}
+
+// tripped reports whether key's failures tripped the circuit: a probe of another key tells more.
+func (g *gate) tripped(key string) bool { return g.circuit.Tripped(key) }
+
+// changed is closed at the circuit's next change of state.
+func (g *gate) changed() <-chan struct{} { return g.circuit.Changed() }
+
+// throttle starts nothing of the route for d from now, unless a longer throttle is on.
+func (g *gate) throttle(d time.Duration) {
+	now := time.Now()
+	until := now.Add(d)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !until.After(g.until) {
+		return
+	}
+	if !now.Before(g.until) { // a new span
+		g.done += g.until.Sub(g.since)
+		g.since = now
+		g.metrics.setPaused(g.topic, pausedRetryAfter, true)
+		g.metrics.countPause(g.topic, pausedRetryAfter)
+		g.log.Warn("throttling the route: its dependency asked to wait", "topic", g.topic, "for", d.String())
+	}
+	g.until = until
+	if g.reopen != nil {
+		g.reopen.Stop()
+	}
+	g.reopen = time.AfterFunc(d, func() { g.metrics.setPaused(g.topic, pausedRetryAfter, false) })
+}
+
+// throttledFor is how long the throttle still holds.
+func (g *gate) throttledFor() time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return max(time.Until(g.until), 0)
+}
+
+// paused is how long the route has been throttled or paused in all, up to now. A span throttled
+// while the circuit was paused counts twice: the clock errs on the side of the message.
+func (g *gate) paused() time.Duration {
+	g.mu.Lock()
+	throttled := g.done
+	if !g.since.IsZero() {
+		end := g.until
+		if now := time.Now(); now.Before(end) {
+			end = now
+		}
+		throttled += end.Sub(g.since)
+	}
+	g.mu.Unlock()
+	return throttled + g.circuit.Paused()
+}
+
+// circuitChanged logs a change of the circuit's state and sets the route's gauge.
+func (g *gate) circuitChanged(from, to RouteState, why string) {
+	g.metrics.setPaused(g.topic, pausedOutage, to != RouteOpen)
+	switch {
+	case from == RouteOpen:
+		g.metrics.countPause(g.topic, pausedOutage)
+		g.log.Warn("pausing the route: its dependency looks down", "topic", g.topic, "why", why)
+	case to == RouteOpen:
+		g.log.Info("resuming the route", "topic", g.topic, "why", why)
+	default:
+		g.log.Info(fmt.Sprintf("the route is %s", to), "topic", g.topic, "why", why)
+	}
+}
+
+// routePoll is how often a route that is probing is looked at again.
+const routePoll = 100 * time.Millisecond

@@ -1,0 +1,215 @@
+package consumer
+
+import (
+	"errors"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/inbox"
+)
+
+// What happens to a message after an attempt is decided here, and only here: by decide, a pure
+// function of the attempt's result, the message's history and its route's state, whichever of the
+// two executors ran it — the partition, retrying in place (retry.go), or the retrier of the park
+// (retrier.go). Each carries out the decision; neither decides.
+
+// history is what is known of a message's attempts: what the park keeps of a parked one.
+type history struct {
+	// attempts counts the runs of its handler.
+	attempts int
+	// spent is the retry budget it has spent: what its own failures cost it, the route's pauses
+	// and the database's outages excluded.
+	spent time.Duration
+	// inPlace is how long it has been retried in place, its key's later messages waiting.
+	inPlace time.Duration
+	// parked: it is in the park.
+	parked bool
+	// waits counts the attempts in a row that met no failure of its own but a wait (the database
+	// down, the key's lease held by another call), for the pace of the next look.
+	waits int
+	// reason is the dead-letter reason once its budget runs out; "" until it failed.
+	reason fault.Reason
+	// first and last are its first and last failures.
+	first, last error
+	firstAt     time.Time
+}
+
+// action is what becomes of a message after an attempt.
+type action int
+
+const (
+	// finish: applied or a duplicate; nothing more to do.
+	finish action = iota
+	// deadLetter: it fails for good, with a reason.
+	deadLetter
+	// retry: again in place, after delay.
+	retry
+	// park: out of its partition's way, due after delay; for a parked message, rescheduled.
+	park
+)
+
+// decision is what decide made of an attempt.
+type decision struct {
+	action action
+	// outcome, for finish.
+	outcome inbox.Outcome
+	// reason, for deadLetter; for retry and park, the reason it will be dead-lettered with once its
+	// budget runs out. err is the attempt's error.
+	reason fault.Reason
+	err    error
+	// delay, for retry and park: how long until the next attempt.
+	delay time.Duration
+	// charge is the retry budget the attempt cost.
+	charge time.Duration
+	// throttle, when positive, is how long the route is to start nothing: its dependency asked to
+	// wait (a Retry-After).
+	throttle time.Duration
+	// wait says why it waits when the attempt was no failure of its own ("" when it was).
+	wait string
+}
+
+// policy is the configuration decide works with.
+type policy struct {
+	retry Retry
+	// parkAfter is how long a message is retried in place before it is parked; parks reports
+	// whether its route parks at all (Ordering ByKey).
+	parkAfter time.Duration
+	parks     bool
+	// jitter is the backoff's randomization factor: 0.5, or 0 for a table test.
+	jitter float64
+}
+
+// routeView is what decide needs of the route: whether its circuit has it open. A retryable
+// failure while it is not is the outage's, not the message's.
+type routeView struct{ open bool }
+
+// Why a message waits without a failure of its own.
+const (
+	waitDatabase = "the database is unavailable"
+	waitLease    = "a call of its key is out"
+	waitRoute    = "its route is paused"
+)
+
+// maxWaitInterval bounds the wait between two looks while a message waits without a failure of
+// its own: the database back, a call of its key over.
+const maxWaitInterval = 5 * time.Second
+
+// maxThrottle bounds how long a Retry-After pauses a route: a provider asking for a day is asked
+// again within the hour.
+const maxThrottle = time.Hour
+
+// decide says what becomes of a message whose history is h after an attempt at it alone that came
+// to r.
+//
+//   - Applied or a duplicate: finish. A key reused with another payload, or a permanent error:
+//     dead-letter, with its reason.
+//   - The database unreachable, or the key's lease held by another live call: no failure of the
+//     message's. It looks again on a backoff of its own, charged nothing.
+//   - A retryable failure while the route's circuit has it paused: the outage's, charged nothing;
+//     parked at once (its partition goes on), or retried in place once the route opens.
+//   - Any other retryable failure is charged its time and the backoff's wait; once the budget is
+//     spent it is dead-lettered (with the error's reason, else retries_exhausted). A Retry-After
+//     makes the next attempt wait at least that long and throttles the whole route for it, but
+//     the wait beyond the backoff is the provider's, not charged: a long Retry-After never
+//     dead-letters by itself.
+//   - A message retried in place for longer than parkAfter is parked instead (routes that park).
+func (p policy) decide(h history, r result, route routeView) decision {
+	switch {
+	case r.err == nil && r.outcome() == inbox.KeyReused:
+		return decision{action: deadLetter, reason: fault.IdempotencyKeyReused, err: errKeyReused}
+	case r.err == nil:
+		return decision{action: finish, outcome: r.outcome()}
+	}
+	kind, reason, retryAfter := fault.Classify(r.err)
+	switch {
+	case kind == fault.KindPermanent:
+		return decision{action: deadLetter, reason: reason, err: r.err}
+	case kind == fault.KindUnavailable:
+		return p.later(h, decision{reason: h.reason, err: r.err, wait: waitDatabase, delay: p.waitDelay(h.waits + 1)})
+	case errors.Is(r.err, inbox.ErrLeaseHeld):
+		return p.later(h, decision{reason: h.reason, err: r.err, wait: waitLease, delay: p.waitDelay(h.waits + 1)})
+	case !route.open:
+		return p.later(h, decision{reason: reason, err: r.err, wait: waitRoute})
+	}
+	backoffDelay := p.backoff(h.attempts)
+	d := decision{reason: reason, err: r.err, charge: r.took + backoffDelay, delay: max(backoffDelay, retryAfter)}
+	if retryAfter > 0 {
+		d.throttle = min(retryAfter, maxThrottle)
+	}
+	if h.spent+d.charge > p.retry.MaxElapsed {
+		return decision{action: deadLetter, reason: reason, err: r.err, charge: d.charge}
+	}
+	return p.later(h, d)
+}
+
+// later makes d, a decision to try again after d.delay, a retry in place or a parking.
+func (p policy) later(h history, d decision) decision {
+	d.action = retry
+	if h.parked || p.parks && (d.wait == waitRoute || h.inPlace+d.delay > p.parkAfter) {
+		d.action = park
+	}
+	return d
+}
+
+// backoff is the wait after a message's n-th failed attempt: exponential from Retry.InitialInterval,
+// doubling, at most Retry.MaxInterval, with jitter.
+func (p policy) backoff(n int) time.Duration {
+	return exponential(p.retry.InitialInterval, p.retry.MaxInterval, p.jitter, n)
+}
+
+// waitDelay is the wait before the n-th look in a row at something that is no failure of the
+// message's: quick at first, at most maxWaitInterval apart.
+func (p policy) waitDelay(n int) time.Duration {
+	return exponential(p.retry.InitialInterval, min(p.retry.MaxInterval, maxWaitInterval), p.jitter, n)
+}
+
+// exponential is the n-th interval (n >= 1) of backoff/v4's exponential backoff from initial,
+// doubling up to max, randomized by jitter; the one backoff of the consumer.
+func exponential(initial, max time.Duration, jitter float64, n int) time.Duration {
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     initial,
+		RandomizationFactor: jitter,
+		Multiplier:          2,
+		MaxInterval:         max,
+		Stop:                backoff.Stop,
+		Clock:               backoff.SystemClock,
+	}
+	b.Reset()
+	d := initial
+	for range min(n, maxDoublings) {
+		d = b.NextBackOff()
+	}
+	return d
+}
+
+// maxDoublings is more doublings than any interval takes to reach its maximum.
+const maxDoublings = 64
+
+// errKeyReused is the error of a message whose idempotency key was applied before with another
+// payload.
+var errKeyReused = errors.New("the idempotency key was applied before with a different payload")
+
+// next is h after an attempt that came to r and was decided d.
+func (h history) next(r result, d decision, now time.Time) history {
+	for _, ran := range r.ran {
+		h.attempts += ran
+	}
+	if d.wait != "" && d.wait != waitRoute {
+		h.waits++
+	} else {
+		h.waits = 0
+	}
+	h.spent += d.charge
+	if d.action == retry {
+		h.inPlace += r.took + d.delay
+	}
+	if d.err != nil && (d.wait == "" || d.wait == waitRoute) { // a wait is no failure of its own
+		if h.first == nil {
+			h.first, h.firstAt = d.err, now
+		}
+		h.last, h.reason = d.err, d.reason
+	}
+	return h
+}

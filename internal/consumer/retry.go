@@ -1,0 +1,185 @@
+package consumer
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/inbox"
+)
+
+// failure is a message's final failure: the message is dead-lettered with reason.
+type failure struct {
+	reason   fault.Reason
+	err      error
+	attempts int // how many times its handler ran
+}
+
+// apply takes a dispatch's messages to a finished state — applied, a duplicate, dead-lettered or
+// parked — and says how many finished, in offset order. It runs on the dispatch's own goroutine.
+func (p *partition) apply(ctx context.Context, d *dispatch) settled {
+	e := d.entries[0]
+	switch {
+	case d.starts > crashLoopStarts:
+		if p.deadLetterCrashLoop(ctx, e, d.starts-1) != nil {
+			return settled{d: d} // the count stays: the next owner dead-letters it without running it
+		}
+		return settled{d: d, finished: 1}
+	case d.batch:
+		return settled{d: d, finished: p.applyBatch(ctx, d.entries)}
+	case p.applyMessage(ctx, e, carried{}) != nil:
+		return settled{d: d}
+	}
+	return settled{d: d, finished: 1}
+}
+
+// carried is what a message brings to the per-message path from the batch transactions that tried
+// it: its runs there count as attempts, its handle time counts from the first, and a batch that
+// failed on it is an attempt that failed.
+type carried struct {
+	h     history
+	began time.Time
+	first *result
+}
+
+// applyMessage takes one message to a finished state — applied, a duplicate, dead-lettered or
+// parked — retrying it in place, its key's later messages waiting, as the policy decides, and
+// counts it. It returns an error only when it abandons the message (its work was cancelled, or the
+// consumer began to stop while it waited): nothing of it committed, and it is delivered again.
+func (p *partition) applyMessage(ctx context.Context, e *entry, c carried) error {
+	began := cmp.Or(c.began, time.Now())
+	log := p.log.With("offset", e.msg.Offset)
+	if e.keyErr != nil {
+		return p.finish(ctx, e, decision{action: deadLetter, reason: e.reason, err: e.keyErr}, c.h, began, log)
+	}
+	log = log.With("key", e.key)
+	if behind, err := p.parkBehind(ctx, e, log); err != nil || behind {
+		return err
+	}
+	h, a := c.h, p.attemptOf(e, log)
+	for r := c.first; ; r = nil {
+		if r == nil {
+			got, parkNow, err := p.attemptInPlace(ctx, e, a, h)
+			switch {
+			case err != nil:
+				return err
+			case parkNow:
+				// The route paused while it waited: it waits in the park, charged nothing.
+				return p.park(ctx, e, h, decision{action: park, reason: h.reason, wait: waitRoute}, log)
+			}
+			r = &got
+		}
+		d := p.route.policy.decide(h, *r, routeView{open: p.route.gate.open()})
+		h = h.next(*r, d, time.Now())
+		if d.throttle > 0 {
+			p.route.gate.throttle(d.throttle)
+		}
+		switch d.action {
+		case finish, deadLetter:
+			return p.finish(ctx, e, d, h, began, log)
+		case park:
+			return p.park(ctx, e, h, d, log)
+		}
+		p.logRetry(ctx, d, h, log)
+		if err := p.sleep(ctx, d.delay); err != nil {
+			return err
+		}
+	}
+}
+
+// attemptInPlace makes one attempt at e once the route's gate lets it start, and tells the gate
+// what it came to. It reports parkNow, having made no attempt, when the route's circuit paused it
+// meanwhile and the route parks; it fails only when ctx is done or the consumer begins to stop.
+func (p *partition) attemptInPlace(ctx context.Context, e *entry, a attempt, h history) (_ result, parkNow bool, _ error) {
+	g := p.route.gate
+	permit, ok := g.allow()
+	if !ok && p.parked != nil && !g.open() {
+		return result{}, true, nil
+	}
+	if !ok {
+		var err error
+		if permit, err = g.wait(ctx, p.stopping); err != nil {
+			return result{}, false, err
+		}
+	}
+	a.numbers[0] = h.attempts + 1
+	r := p.route.run(ctx, a)
+	if ctx.Err() != nil {
+		g.record(permit, e.order, signalNone)
+		return result{}, false, context.Cause(ctx)
+	}
+	g.record(permit, e.order, signalOf(r))
+	return r, false, nil
+}
+
+// attemptOf is an attempt at e alone.
+func (p *partition) attemptOf(e *entry, log *slog.Logger) attempt {
+	return attempt{
+		msgs:    []inbox.Message{p.route.inboxMessage(p.id, e.msg.Offset, e.key, e.msg.Value)},
+		values:  [][]byte{e.msg.Value},
+		numbers: []int{1},
+		log:     log,
+	}
+}
+
+// finish settles e as d decided, applied, a duplicate or dead-lettered, and counts it.
+func (p *partition) finish(ctx context.Context, e *entry, d decision, h history, began time.Time, log *slog.Logger) error {
+	outcome := string(d.outcome)
+	if d.action == deadLetter {
+		if err := p.deadLetter(ctx, e.msg, failureOf(d, h, e.key), log); err != nil {
+			return err
+		}
+		outcome = outcomeDeadLettered
+	}
+	p.c.metrics.finished(p.topic, outcome, time.Since(began))
+	if d.outcome == inbox.Duplicate {
+		log.InfoContext(ctx, "skipped a duplicate: its idempotency key is recorded already")
+	} else {
+		log.DebugContext(ctx, "finished the message", "outcome", outcome)
+	}
+	return nil
+}
+
+// failureOf is the dead letter's failure of the message whose key is key, which d dead-lettered
+// after h.
+func failureOf(d decision, h history, key string) failure {
+	err := d.err
+	if errors.Is(err, errKeyReused) {
+		err = fmt.Errorf("idempotency key %q was applied before with a different payload", key)
+	}
+	return failure{reason: d.reason, err: err, attempts: h.attempts}
+}
+
+// logRetry logs that a message is retried in place, or waits without a failure of its own.
+func (p *partition) logRetry(ctx context.Context, d decision, h history, log *slog.Logger) {
+	switch d.wait {
+	case "":
+		p.c.metrics.retried(p.topic)
+		log.InfoContext(ctx, "retrying the message", "attempt", h.attempts, "delay", d.delay, "error", d.err)
+	case waitDatabase:
+		log.WarnContext(ctx, "the database is unavailable; waiting for it", "delay", d.delay, "error", d.err)
+	default:
+		log.InfoContext(ctx, "waiting to try the message again", "why", d.wait, "in", d.delay)
+	}
+}
+
+// signalOf is what the attempt that came to r tells the route's circuit of its dependency. A
+// retryable error with a reason of its own (an order that does not exist yet) is the message's
+// wait, a key leased by another call is that call's, and the database's outage the consumer's.
+func signalOf(r result) signal {
+	if r.err == nil {
+		return signalAnswered
+	}
+	kind, reason, _ := fault.Classify(r.err)
+	switch {
+	case kind == fault.KindPermanent:
+		return signalAnswered
+	case kind == fault.KindRetryable && reason == fault.RetriesExhausted && !errors.Is(r.err, inbox.ErrLeaseHeld):
+		return signalFailed
+	}
+	return signalNone
+}
