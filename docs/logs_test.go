@@ -30,13 +30,13 @@ var slogMethods = map[string]struct {
 // slogLevels are slog's level constants.
 var slogLevels = map[string]string{"LevelDebug": "debug", "LevelInfo": "info", "LevelWarn": "warn", "LevelError": "error"}
 
-// logHelper is a function of the module that logs its msg argument at its level argument
+// logWrapper is a function of the module that logs its msg argument at its level argument
 // (payment's logAfterCommit): calls to it are log calls too.
-type logHelper struct{ msg, level int }
+type logWrapper struct{ msg, level int }
 
 // logCalls returns the messages logged by the module's non-test code.
 func (m *module) logCalls() []logCall {
-	helpers := m.logHelpers()
+	wrappers := m.logWrappers()
 	var out []logCall
 	for _, f := range m.files {
 		if f.test {
@@ -48,7 +48,7 @@ func (m *module) logCalls() []logCall {
 			if !ok {
 				return true
 			}
-			msg, level, ok := logArgs(call, helpers)
+			msg, level, ok := logArgs(call, wrappers)
 			if !ok {
 				return true
 			}
@@ -64,7 +64,7 @@ func (m *module) logCalls() []logCall {
 }
 
 // logArgs returns a log call's message argument and its level, if call is one.
-func logArgs(call *ast.CallExpr, helpers map[string]logHelper) (msg ast.Expr, level string, ok bool) {
+func logArgs(call *ast.CallExpr, wrappers map[string]logWrapper) (msg ast.Expr, level string, ok bool) {
 	var name string
 	switch fn := call.Fun.(type) {
 	case *ast.SelectorExpr:
@@ -83,7 +83,7 @@ func logArgs(call *ast.CallExpr, helpers map[string]logHelper) (msg ast.Expr, le
 		if level == "" {
 			levelAt = 1
 		}
-	} else if h, isHelper := helpers[name]; isHelper && h.msg < len(call.Args) {
+	} else if h, isWrapper := wrappers[name]; isWrapper && h.msg < len(call.Args) {
 		msg, levelAt = call.Args[h.msg], h.level
 	} else {
 		return nil, "", false
@@ -96,16 +96,16 @@ func logArgs(call *ast.CallExpr, helpers map[string]logHelper) (msg ast.Expr, le
 	return msg, level, true
 }
 
-// logHelpers finds the module's functions with a string parameter msg and a slog.Level parameter.
-func (m *module) logHelpers() map[string]logHelper {
-	out := map[string]logHelper{}
+// logWrappers finds the module's functions with a string parameter msg and a slog.Level parameter.
+func (m *module) logWrappers() map[string]logWrapper {
+	out := map[string]logWrapper{}
 	for _, f := range m.files {
 		for _, d := range f.ast.Decls {
 			fn, ok := d.(*ast.FuncDecl)
 			if !ok {
 				continue
 			}
-			h := logHelper{msg: -1, level: -1}
+			h := logWrapper{msg: -1, level: -1}
 			i := 0
 			for _, field := range fn.Type.Params.List {
 				for _, n := range field.Names {
@@ -287,7 +287,7 @@ func TestLogLines(t *testing.T) {
 }
 
 // workerCode reports whether path is the worker's code, whose warnings an operator sees: not the
-// bench command, nor a helper of the tests.
+// bench command, nor a support package of the tests.
 func workerCode(path string) bool {
 	for _, prefix := range []string{"cmd/bench/", "internal/pgtest/", "internal/kafkatest/", "internal/testlog/", "internal/notify/notifytest/"} {
 		if strings.HasPrefix(path, prefix) {
