@@ -15,7 +15,8 @@ import (
 
 // TestMetricsLive runs `worker run` and reads its /metrics: before any message, every series whose
 // labels are known at start is there at 0; once it is ready, every metric that the alert rules and
-// the dashboard in deploy/ name is there too.
+// the dashboard in deploy/ name is there too, and the metrics of the worker's own are exactly those
+// docs/operations.md describes.
 func TestMetricsLive(t *testing.T) {
 	t.Parallel()
 	env := embeddedEnvironment(t)
@@ -87,10 +88,49 @@ func TestMetricsLive(t *testing.T) {
 		return ""
 	})
 	// The lag of every partition, none consumed yet.
-	lag := gauges(scrape(t, base), "inboxworker_consumer_lag")
+	families = scrape(t, base)
+	lag := gauges(families, "inboxworker_consumer_lag")
 	if len(lag) != 2*partitions {
 		t.Errorf("inboxworker_consumer_lag has %d series, want %d: %v", len(lag), 2*partitions, lag)
 	}
+
+	// docs/operations.md describes every metric of the worker's own, and no other.
+	documented := documentedMetrics(t)
+	for name := range families {
+		if strings.HasPrefix(name, "inboxworker_") && !documented[name] {
+			t.Errorf("/metrics exposes %s, which docs/operations.md, Metrics, does not describe", name)
+		}
+	}
+	for name := range documented {
+		if families[name] == nil {
+			t.Errorf("docs/operations.md, Metrics, describes %s, which /metrics does not expose", name)
+		}
+	}
+}
+
+// documentedMetric is a row of the metrics table of docs/operations.md: its first cell.
+var documentedMetric = regexp.MustCompile("(?m)^\\| `([a-z_:][a-z0-9_:]*)` \\|")
+
+// documentedMetrics returns the metrics the table of docs/operations.md, section Metrics, describes.
+func documentedMetrics(t *testing.T) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n## Metrics\n")
+	if !ok {
+		t.Fatal("docs/operations.md has no section Metrics")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	out := map[string]bool{}
+	for _, m := range documentedMetric.FindAllStringSubmatch(section, -1) {
+		out[m[1]] = true
+	}
+	if len(out) == 0 {
+		t.Fatal("docs/operations.md, Metrics, has no table of metrics")
+	}
+	return out
 }
 
 // metricName is a metric of the worker in a PromQL expression: its own, and the Go and process

@@ -50,8 +50,8 @@ const (
 	signalNone
 )
 
-// CircuitConfig configures a route's outage circuit. The defaults are discussed in the README
-// (Outage pauses).
+// CircuitConfig configures a route's outage circuit. The defaults are discussed in docs/design.md
+// (The gate: outage pauses).
 type CircuitConfig struct {
 	// ConsecutiveFailures failures in a row, with no answer between them, trip the circuit when they
 	// come from MinKeys keys or more. Defaults to 10.

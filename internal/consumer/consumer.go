@@ -184,8 +184,8 @@ type Config struct {
 	// ParkAfter is how long a message failing with a retryable error is retried in place, the later
 	// messages of its key waiting behind it, before it is parked: taken out of its partition's way
 	// into Postgres with the later messages of its key, and retried there on the same backoff and
-	// budget (Retry), each key in offset order, while the partition goes on (see the README's Parked
-	// retries). With Ordering ByPartition nothing is parked: a message is retried in place until it
+	// budget (Retry), each key in offset order, while the partition goes on (see docs/design.md, The
+	// park). With Ordering ByPartition nothing is parked: a message is retried in place until it
 	// is applied or its budget runs out. Defaults to 5s.
 	ParkAfter time.Duration
 	// ParkLease is how long a claim on a parked message lasts, so that one owner at a time retries

@@ -79,7 +79,7 @@ func testCrashInTransaction(t *testing.T, mode testMode) {
 }
 
 // TestCrashLoop runs workers that die in the handler of one message every time: after as many
-// starts of it as the README promises, it is dead-lettered without running, and its partition
+// starts of it as docs/design.md promises, it is dead-lettered without running, and its partition
 // moves on.
 func TestCrashLoop(t *testing.T) {
 	t.Parallel()
@@ -137,17 +137,17 @@ func testCrashLoop(t *testing.T, mode testMode) {
 	checkOnce(t, e, []string{"before", "after-1", "after-2"})
 }
 
-// promisedCrashLoopStarts reads from the README how many starts without finishing make a message a
+// promisedCrashLoopStarts reads from docs/design.md how many starts without finishing make a message a
 // crash loop: the tests check the number operators were told, not the code's own constant.
 func promisedCrashLoopStarts(t *testing.T) int {
 	t.Helper()
-	readme, err := os.ReadFile("../../README.md")
+	design, err := os.ReadFile("../../docs/design.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`dead-letters a message started\s+(\d+)\s+times without finishing`).FindSubmatch(readme)
+	m := regexp.MustCompile(`dead-letters a message started\s+(\d+)\s+times without finishing`).FindSubmatch(design)
 	if m == nil {
-		t.Fatal("the README does not say after how many starts a message is a crash loop")
+		t.Fatal("docs/design.md does not say after how many starts a message is a crash loop")
 	}
 	n, err := strconv.Atoi(string(m[1]))
 	if err != nil {

@@ -216,7 +216,7 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 	log := r.log.With("offset", m.Offset, "key", m.IdempotencyKey, "parked_id", m.ID)
 	starts, err := r.p.c.config.Store.Begin(ctx, m)
 	if err != nil {
-		r.settleFailed(ctx, "begin a retry of", err, log)
+		r.settleFailed(ctx, "begin a retry of the parked message", err, log)
 		return
 	}
 	if starts > crashLoopStarts {
@@ -273,7 +273,7 @@ func (r *retrier) reschedule(ctx context.Context, m inbox.Parked, res result, d 
 	}
 	failed := inbox.ParkedFailure{Err: d.err, Reason: d.reason, Spent: d.charge, RetryIn: d.delay}
 	if err := r.p.c.config.Store.Reschedule(ctx, m, failed); err != nil {
-		r.settleFailed(ctx, "reschedule", err, log)
+		r.settleFailed(ctx, "reschedule the parked message", err, log)
 		return
 	}
 	r.p.c.metrics.retried(r.p.topic)
@@ -315,17 +315,17 @@ func (r *retrier) leave(ctx context.Context, m inbox.Parked, outcome string, att
 // release gives m's hold back, due in retryIn, nothing charged.
 func (r *retrier) release(ctx context.Context, m inbox.Parked, retryIn time.Duration, log *slog.Logger) {
 	if err := r.p.c.config.Store.Release(ctx, m, retryIn); err != nil {
-		r.settleFailed(ctx, "release", err, log)
+		r.settleFailed(ctx, "release the parked message", err, log)
 	}
 }
 
-// settleFailed logs a failed change to the park. The message keeps its hold until it lapses, then
+// settleFailed logs a failed change to the park, what it could not do. The message keeps its hold until it lapses, then
 // is retried: nothing is lost, and the inbox keeps a message applied once.
 func (r *retrier) settleFailed(ctx context.Context, what string, err error, log *slog.Logger) {
 	if ctx.Err() != nil || errors.Is(err, inbox.ErrClaimLost) {
 		return
 	}
-	log.WarnContext(ctx, "cannot "+what+" the parked message; its hold will lapse", "lease", r.lease, "error", err)
+	log.WarnContext(ctx, "cannot "+what+"; its hold will lapse", "lease", r.lease, "error", err)
 	if isUnavailable(err) {
 		r.outages.Add(1)
 	}
