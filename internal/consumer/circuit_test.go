@@ -84,6 +84,12 @@ func (e *circuitEnv) assertState(t *testing.T, want RouteState) {
 // probe waits out the probe interval, takes the probe and records res.
 func (e *circuitEnv) probe(t *testing.T, res signal) {
 	t.Helper()
+	e.probeOf(t, "probe", res)
+}
+
+// probeOf is probe with a message of key.
+func (e *circuitEnv) probeOf(t *testing.T, key string, res signal) {
+	t.Helper()
 	state, at := e.State()
 	if state != RoutePaused {
 		t.Fatalf("route %v, want paused", state)
@@ -93,7 +99,45 @@ func (e *circuitEnv) probe(t *testing.T, res signal) {
 	if !ok || !p.Probe() {
 		t.Fatalf("Allow at the probe time = %+v, %t; want the probe", p, ok)
 	}
-	e.Record(p, "probe", res)
+	e.Record(p, key, res)
+}
+
+// TestCircuitSuspects: the keys whose failures tripped the circuit are suspects. While no probe of
+// another key has failed, a suspect's failed probe proves no outage — keys failing on their own
+// look the same — and the route opens again, so that they spend their budgets. Once a probe of
+// another key failed, the outage is confirmed, and a suspect's failed probe keeps the route paused.
+func TestCircuitSuspects(t *testing.T) {
+	t.Parallel()
+	e := newCircuitEnv(t, CircuitConfig{})
+	trip := func() {
+		t.Helper()
+		for i := range 10 {
+			e.run(t, fmt.Sprint("k", i%3), signalFailed)
+		}
+		e.assertState(t, RoutePaused)
+	}
+	trip()
+	if !e.Tripped("k1") || e.Tripped("fresh") {
+		t.Errorf("Tripped k1 %t, fresh %t; want k1 only", e.Tripped("k1"), e.Tripped("fresh"))
+	}
+	e.probeOf(t, "k1", signalFailed)
+	e.assertState(t, RouteOpen)
+	if e.Tripped("k1") {
+		t.Error("k1 is a suspect of an open route")
+	}
+
+	trip()
+	e.probeOf(t, "fresh", signalFailed) // confirms the outage
+	e.assertState(t, RoutePaused)
+	e.probeOf(t, "k2", signalFailed)
+	e.assertState(t, RoutePaused)
+	e.probeOf(t, "k2", signalAnswered)
+	e.assertState(t, RouteOpen)
+	want := []string{"open→paused", "paused→probing", "probing→open", "open→paused", "paused→probing",
+		"probing→paused", "paused→probing", "probing→paused", "paused→probing", "probing→open"}
+	if got := e.changes(); !slices.Equal(got, want) {
+		t.Errorf("changes %q\nwant    %q", got, want)
+	}
 }
 
 func TestCircuitTrips(t *testing.T) {

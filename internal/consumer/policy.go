@@ -133,7 +133,7 @@ func (p policy) decide(h history, r result, route routeView) decision {
 	case !route.open:
 		return p.later(h, decision{reason: reason, err: r.err, wait: waitRoute})
 	}
-	backoffDelay := p.backoff(h.attempts)
+	backoffDelay := p.backoff(h.attempts + 1) // after this attempt, the message's (attempts+1)th
 	d := decision{reason: reason, err: r.err, charge: r.took + backoffDelay, delay: max(backoffDelay, retryAfter)}
 	if retryAfter > 0 {
 		d.throttle = min(retryAfter, maxThrottle)
