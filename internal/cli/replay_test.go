@@ -331,7 +331,7 @@ func TestReplay(t *testing.T) {
 		for i, tail := range []string{"reason=provider_rejected to=notifications.sms key=sms-1",
 			"reason=provider_rejected to=notifications.sms key=sms-hdr-2",
 			"reason=provider_rejected to=notifications.sms key=(invalid_idempotency_key)",
-			"reason=invalid_payload to=notifications.sms key=(missing_idempotency_key)"} {
+			"reason=invalid_payload to=notifications.sms key=(invalid_payload)"} {
 			line := fmt.Sprintf("replayed %s partition=0 offset=%d %s\n", replaySMSDLQ, i, tail)
 			if !strings.Contains(r.stdout, line) {
 				t.Errorf("stdout lacks %q", line)
