@@ -132,7 +132,7 @@ var settings = []*setting{
 		Usage: "longest backoff between two attempts",
 		Bound: envflag.Durations(10*time.Millisecond, time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryMaxInterval, v) }},
-	{Env: "RETRY_MAX_ELAPSED", Flag: "retry-max-elapsed", Default: "5m", Meta: "DURATION", Use: useWorker,
+	{Env: "RETRY_MAX_ELAPSED", Flag: "retry-max-elapsed", Default: "5m", Meta: "DURATION", Use: useWorker | useParked,
 		Usage: "retry budget of one message, after which it is dead-lettered",
 		Bound: envflag.Durations(100*time.Millisecond, 7*24*time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryMaxElapsed, v) }},
