@@ -172,6 +172,15 @@ func TestParkedRetry(t *testing.T) {
 	if r := e.run("retry", "all"); r.code != 0 || !strings.HasPrefix(r.stdout, "3 parked messages due now") {
 		t.Fatalf("retry all: exit %d, %q", r.code, r.stdout)
 	}
+	// An id that is not in the park is an error, said in one line; the others are made due.
+	if r := e.run("retry", "99999"); r.code != 1 || r.stdout != "" ||
+		!strings.HasSuffix(r.stderr, "worker: parked message 99999: not in the park (applied, dead-lettered, or a wrong id; see worker parked list)\n") {
+		t.Errorf("retry 99999: exit %d, stdout %q, stderr %q; want exit 1 and that it is not in the park", r.code, r.stdout, r.stderr)
+	}
+	if r := e.run("retry", fmt.Sprint(a), "99998", fmt.Sprint(a), "99999"); r.code != 1 || !strings.HasPrefix(r.stdout, "1 parked messages due now") ||
+		!strings.HasSuffix(r.stderr, "worker: parked messages 99998, 99999: not in the park (applied, dead-lettered, or wrong ids; see worker parked list); the 1 other was made due now\n") {
+		t.Errorf("retry %d 99998 %d 99999: exit %d, stdout %q, stderr %q", a, a, r.code, r.stdout, r.stderr)
+	}
 
 	for _, c := range []struct {
 		args []string

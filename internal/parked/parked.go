@@ -201,13 +201,64 @@ func retryParked(ctx context.Context, out io.Writer, store *inbox.Store, args []
 		if perr != nil {
 			return perr
 		}
-		n, err = store.RetryNow(ctx, ids)
+		return retryIDs(ctx, out, store, ids)
 	}
 	if err != nil {
 		return fmt.Errorf("retry parked messages: %w", err)
 	}
-	fmt.Fprintf(out, "%d parked messages due now; a message behind others of its key still waits for them\n", n)
+	printDue(out, n)
 	return nil
+}
+
+func printDue(out io.Writer, n int64) {
+	fmt.Fprintf(out, "%d parked messages due now; a message behind others of its key still waits for them\n", n)
+}
+
+// retryIDs makes the parked messages ids due now. An id that is not in the park is an error, once
+// the others are due.
+func retryIDs(ctx context.Context, out io.Writer, store *inbox.Store, ids []int64) error {
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	n, err := store.RetryNow(ctx, ids)
+	if err != nil {
+		return fmt.Errorf("retry parked messages: %w", err)
+	}
+	if n > 0 {
+		printDue(out, n)
+	}
+	if int(n) == len(ids) {
+		return nil
+	}
+	// Some are not in the park: which, read from the park as it is now.
+	list, err := store.List(ctx, "", 0)
+	if err != nil {
+		return fmt.Errorf("%d of the %d parked messages were made due now; read the park: %w", n, len(ids), err)
+	}
+	parked := map[int64]bool{}
+	for _, p := range list {
+		parked[p.ID] = true
+	}
+	var missing []string
+	for _, id := range ids {
+		if !parked[id] {
+			missing = append(missing, strconv.FormatInt(id, 10))
+		}
+	}
+	if len(missing) == 0 { // they were there, and have left the park since
+		return nil
+	}
+	what, wrong := "parked message "+missing[0], "a wrong id"
+	if len(missing) > 1 {
+		what, wrong = "parked messages "+strings.Join(missing, ", "), "wrong ids"
+	}
+	msg := fmt.Sprintf("%s: not in the park (applied, dead-lettered, or %s; see worker parked list)", what, wrong)
+	switch {
+	case n == 1:
+		msg += "; the 1 other was made due now"
+	case n > 1:
+		msg += fmt.Sprintf("; the %d others were made due now", n)
+	}
+	return errors.New(msg)
 }
 
 func parseIDs(args []string) ([]int64, error) {
@@ -252,7 +303,7 @@ func deadLetterParked(ctx context.Context, cfg Config, store *inbox.Store) error
 		p, err := store.Claim(ctx, id, owner, operatorLease)
 		switch {
 		case errors.Is(err, inbox.ErrNotParked):
-			return fmt.Errorf("parked message %d: not in the park (applied, dead-lettered, or a wrong id)%s", id, done(i))
+			return fmt.Errorf("parked message %d: not in the park (applied, dead-lettered, or a wrong id; see worker parked list)%s", id, done(i))
 		case errors.Is(err, inbox.ErrClaimed):
 			return fmt.Errorf("parked message %d: the worker is retrying it right now; try again in a moment%s", id, done(i))
 		case err != nil:
