@@ -97,13 +97,15 @@ func (m *module) checkSymbol(t *testing.T, page, text, pkg, name, member string,
 }
 
 // helpFlag is a flag line of `worker --help`: the flag, its variable if it has one, its default.
-var helpFlag = regexp.MustCompile(`^\s+--([a-z0-9-]+)(?: [A-Z]+)?\s+\((?:env ([A-Z0-9_]+), )?default (unset|"([^"]*)")\)$`)
+var helpFlag = regexp.MustCompile(`^\s+--([a-z0-9-]+)(?: [A-Z]+)?\s+\((?:env ([A-Z0-9_]+), )?default (unset|"([^"]*)")(?:, from (\S+ to \S+))?\)$`)
 
 // helpSetting is a setting as `worker --help` prints it.
 type helpSetting struct {
 	flag, env string
 	unset     bool
 	value     string
+	// bound is the range the help gives a duration or a count ("100ms to 10m"), else "".
+	bound string
 }
 
 // helpSettings runs `worker --help` through cli.Main, the binary's own entry point, and returns
@@ -118,7 +120,7 @@ func helpSettings(t *testing.T) []helpSetting {
 	var out []helpSetting
 	for line := range strings.Lines(stdout.String() + stderr.String()) {
 		if m := helpFlag.FindStringSubmatch(strings.TrimRight(line, "\n")); m != nil {
-			out = append(out, helpSetting{flag: m[1], env: m[2], unset: m[3] == "unset", value: m[4]})
+			out = append(out, helpSetting{flag: m[1], env: m[2], unset: m[3] == "unset", value: m[4], bound: m[5]})
 		}
 	}
 	if len(out) < 20 {
@@ -130,7 +132,7 @@ func helpSettings(t *testing.T) []helpSetting {
 
 // documentedSetting is a setting's row in a docs table: its flag cell and default cell.
 type documentedSetting struct {
-	page, flag, def string
+	page, flag, def, accepts string
 }
 
 // settingRows returns the settings of every table with a "variable" and a "default" column
@@ -139,7 +141,7 @@ func settingRows(t *testing.T, page string, lines []string) map[string]documente
 	t.Helper()
 	out := map[string]documentedSetting{}
 	for _, tb := range tables(lines) {
-		vc, dc, fc := tb.column("variable"), tb.column("default"), tb.column("flag")
+		vc, dc, fc, ac := tb.column("variable"), tb.column("default"), tb.column("flag"), tb.column("accepts")
 		if vc < 0 || dc < 0 {
 			continue
 		}
@@ -150,6 +152,9 @@ func settingRows(t *testing.T, page string, lines []string) map[string]documente
 				d := documentedSetting{page: page, def: def}
 				if fc >= 0 {
 					d.flag = row[fc]
+				}
+				if ac >= 0 {
+					d.accepts = row[ac]
 				}
 				if !strings.HasPrefix(def, "unset") && len(defaults) == len(vars) && len(vars) > 1 {
 					d.def = "`" + defaults[i] + "`"
@@ -197,6 +202,8 @@ func TestSettingsDocumented(t *testing.T) {
 			t.Errorf("docs/operations.md: %s's flag is %s, worker --help says --%s", s.env, row.flag, s.flag)
 		case !defaultMatches(row.def, s):
 			t.Errorf("docs/operations.md: %s's default is %q, worker --help says %s", s.env, row.def, helpDefault(s))
+		case s.bound != "" && !strings.Contains(row.accepts, s.bound):
+			t.Errorf("docs/operations.md: %s accepts %q, worker --help gives the range %s", s.env, row.accepts, s.bound)
 		}
 	}
 	for env, row := range others {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/inboxworker/inboxworker/internal/envflag"
+	"github.com/inboxworker/inboxworker/internal/startup"
 )
 
 // Config is the worker's configuration: every variable of the contract, read from the environment
@@ -82,6 +83,7 @@ var settings = []*setting{
 		Set:   func(c *Config, v string) error { return envflag.NonEmpty(&c.KafkaGroupID, v) }},
 	{Env: "KAFKA_SESSION_TIMEOUT", Flag: "kafka-session-timeout", Default: "10s", Meta: "DURATION", Use: useWorker,
 		Usage: "how soon the group notices a dead worker and hands its partitions on",
+		Bound: envflag.Durations(500*time.Millisecond, 30*time.Minute),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.KafkaSessionTimeout, v) }},
 	{Env: "KAFKA_SASL_MECHANISM", Flag: "kafka-sasl-mechanism", Meta: "NAME", Use: useBrokers,
 		Shown: strings.ToUpper,
@@ -124,34 +126,43 @@ var settings = []*setting{
 		Set:   func(c *Config, v string) error { c.SMSProviderToken = v; return nil }},
 	{Env: "RETRY_INITIAL_INTERVAL", Flag: "retry-initial-interval", Default: "200ms", Meta: "DURATION", Use: useWorker,
 		Usage: "first backoff of a retryable handler error (exponential, with jitter)",
+		Bound: envflag.Durations(10*time.Millisecond, time.Minute),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryInitialInterval, v) }},
 	{Env: "RETRY_MAX_INTERVAL", Flag: "retry-max-interval", Default: "30s", Meta: "DURATION", Use: useWorker,
 		Usage: "longest backoff between two attempts",
+		Bound: envflag.Durations(10*time.Millisecond, time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryMaxInterval, v) }},
-	{Env: "RETRY_MAX_ELAPSED", Flag: "retry-max-elapsed", Default: "5m", Meta: "DURATION", Use: useWorker,
+	{Env: "RETRY_MAX_ELAPSED", Flag: "retry-max-elapsed", Default: "5m", Meta: "DURATION", Use: useWorker | useParked,
 		Usage: "retry budget of one message, after which it is dead-lettered",
+		Bound: envflag.Durations(100*time.Millisecond, 7*24*time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryMaxElapsed, v) }},
 	{Env: "RETRY_PARK_AFTER", Flag: "retry-park-after", Default: "5s", Meta: "DURATION", Use: useWorker,
 		Usage: "how long a message is retried in place before it is parked, out of its partition's way (ORDERING=key)",
+		Bound: envflag.Durations(100*time.Millisecond, time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryParkAfter, v) }},
 	{Env: "INBOX_RETENTION_PAYMENTS", Flag: "inbox-retention-payments", Meta: "DURATION", Use: useWorker,
 		Shown: settledFromTopic,
 		Usage: "how long a payment callback's idempotency key is remembered " +
 			"(unset: the topic's retention.ms + segment.ms + 1h, read at start)",
-		Set: func(c *Config, v string) error { return envflag.OptionalDuration(&c.InboxRetentionPayments, v) }},
+		Bound: retentionBound,
+		Set:   func(c *Config, v string) error { return envflag.OptionalDuration(&c.InboxRetentionPayments, v) }},
 	{Env: "INBOX_RETENTION_SMS", Flag: "inbox-retention-sms", Meta: "DURATION", Use: useWorker,
 		Shown: settledFromTopic,
 		Usage: "how long an SMS event's idempotency key is remembered " +
 			"(unset: the topic's retention.ms + segment.ms + 1h, read at start)",
-		Set: func(c *Config, v string) error { return envflag.OptionalDuration(&c.InboxRetentionSMS, v) }},
+		Bound: retentionBound,
+		Set:   func(c *Config, v string) error { return envflag.OptionalDuration(&c.InboxRetentionSMS, v) }},
 	{Env: "BATCH_SIZE", Flag: "batch-size", Default: "256", Meta: "N", Use: useWorker,
 		Usage: "most messages of one partition applied in one transaction (1: a transaction per message)",
-		Set:   func(c *Config, v string) error { return envflag.Limit(&c.BatchSize, v) }},
+		Bound: envflag.Counts(1, 10000),
+		Set:   func(c *Config, v string) error { return envflag.Positive(&c.BatchSize, v) }},
 	{Env: "BATCH_WAIT", Flag: "batch-wait", Default: "5ms", Meta: "DURATION", Use: useWorker,
 		Usage: "how long a batch waits for more messages after its first",
+		Bound: envflag.Durations(time.Millisecond, time.Second),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.BatchWait, v) }},
 	{Env: "LAG_INTERVAL", Flag: "lag-interval", Default: "5s", Meta: "DURATION", Use: useWorker,
 		Usage: "how often the consumer_lag metric is refreshed",
+		Bound: envflag.Durations(100*time.Millisecond, 10*time.Minute),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.LagInterval, v) }},
 	{Env: "ORDERING", Flag: "ordering", Default: "key", Meta: "MODE", Use: useWorker,
 		Usage: "which messages of a partition run one after another: those of one Kafka key (key), or all (partition)",
@@ -165,21 +176,26 @@ var settings = []*setting{
 		}},
 	{Env: "MAX_IN_FLIGHT", Flag: "max-in-flight", Default: "256", Meta: "N", Use: useWorker,
 		Usage: "most messages of one partition fetched and not yet committed",
+		Bound: envflag.Counts(1, 10000),
 		Set:   func(c *Config, v string) error { return envflag.Positive(&c.MaxInFlight, v) }},
 	{Env: "PAYMENTS_CONCURRENCY", Flag: "payments-concurrency", Default: "4", Meta: "N", Use: useWorker,
 		Usage: "most payment transactions (batches) at once, across partitions; each holds a database connection",
+		Bound: envflag.Counts(1, 1000),
 		Set:   func(c *Config, v string) error { return envflag.Positive(&c.PaymentsConcurrency, v) }},
 	{Env: "SMS_CONCURRENCY", Flag: "sms-concurrency", Default: "128", Meta: "N", Use: useWorker,
 		Usage: "most SMS being sent at once, across partitions",
+		Bound: envflag.Counts(1, 10000),
 		Set:   func(c *Config, v string) error { return envflag.Positive(&c.SMSConcurrency, v) }},
 	{Env: "HTTP_ADDR", Flag: "http-addr", Default: ":8080", Meta: "ADDR", Use: useWorker,
 		Usage: "address of /metrics, /healthz and /readyz",
 		Set:   func(c *Config, v string) error { return envflag.Addr(&c.HTTPAddr, v) }},
 	{Env: "SHUTDOWN_TIMEOUT", Flag: "shutdown-timeout", Default: "30s", Meta: "DURATION", Use: useWorker,
 		Usage: "on SIGTERM, how long in-flight messages may take to finish",
+		Bound: envflag.Durations(time.Second, time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.ShutdownTimeout, v) }},
 	{Env: "STARTUP_TIMEOUT", Flag: "startup-timeout", Default: "15s", Meta: "DURATION", Use: useDatabase,
 		Usage: "how long to wait for Postgres and Kafka at start before giving up",
+		Bound: envflag.Durations(100*time.Millisecond, time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.StartupTimeout, v) }},
 	{Env: "LOG_LEVEL", Flag: "log-level", Default: "info", Meta: "LEVEL", Use: useDatabase,
 		Usage: "debug, info, warn or error",
@@ -207,6 +223,11 @@ var settings = []*setting{
 		Set:   func(c *Config, v string) error { return envflag.Bool(&c.NoMigrate, v) }},
 }
 
+// retentionBound bounds an explicit inbox retention: under an hour a key is forgotten while a
+// restart's redelivery of its message may still come; over ten years no topic keeps a message
+// (one that keeps them forever gets 30 days by default).
+var retentionBound = envflag.Durations(time.Hour, 10*365*24*time.Hour)
+
 // settledFromTopic is how the startup line shows an inbox retention: unset ones are settled later,
 // from the topic.
 func settledFromTopic(v string) string { return cmp.Or(v, "from the topic") }
@@ -224,19 +245,40 @@ func (c *Config) check(name func(env string) string) error {
 		return fail("KAFKA_PASSWORD", "required with KAFKA_SASL_MECHANISM %s", c.KafkaSASLMechanism)
 	case c.KafkaSASLMechanism == "" && (c.KafkaUsername != "" || c.KafkaPassword != ""):
 		return fail("KAFKA_SASL_MECHANISM", "required when KAFKA_USERNAME or KAFKA_PASSWORD is set")
-	case c.TopicPayments == c.TopicSMS:
-		return fail("TOPIC_SMS", "must differ from TOPIC_PAYMENTS (both are %q)", c.TopicSMS)
 	case c.RetryInitialInterval > c.RetryMaxInterval:
 		return fail("RETRY_INITIAL_INTERVAL", "%s is longer than RETRY_MAX_INTERVAL %s",
 			c.RetryInitialInterval, c.RetryMaxInterval)
 	case c.SMSProviderToken != "" && c.SMSProviderURL == "":
 		return fail("SMS_PROVIDER_TOKEN", "set without SMS_PROVIDER_URL")
 	}
+	if err := c.checkTopics(fail); err != nil {
+		return err
+	}
 	// The provider's URL and token are checked by the sender itself, here rather than once the
 	// connections are made.
 	if _, se := providerSender(c); se != nil {
 		se.Name = name(se.Name)
 		return se
+	}
+	return nil
+}
+
+// checkTopics checks the topics and their dead-letter topics against one another: two routes, and
+// no route consuming another's dead letters.
+func (c *Config) checkTopics(fail func(env, format string, args ...any) error) error {
+	topics := []struct{ env, topic string }{{"TOPIC_PAYMENTS", c.TopicPayments}, {"TOPIC_SMS", c.TopicSMS}}
+	if c.TopicPayments == c.TopicSMS {
+		return fail("TOPIC_SMS", "must differ from TOPIC_PAYMENTS (both are %q)", c.TopicSMS)
+	}
+	for i, t := range topics {
+		other := topics[1-i]
+		if other.topic == t.topic+c.DLQSuffix {
+			return fail(other.env, "%q is the dead-letter topic of %s (DLQ_SUFFIX %q)", other.topic, t.env, c.DLQSuffix)
+		}
+		if n := len(t.topic + c.DLQSuffix); n > startup.MaxTopicName {
+			return fail("DLQ_SUFFIX", "%s + DLQ_SUFFIX is %d characters, more than a topic name's %d",
+				t.env, n, startup.MaxTopicName)
+		}
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -108,11 +109,54 @@ func TestConfigErrors(t *testing.T) {
 			`worker: unknown command "serve" (run, migrate, dev, demo, replay, parked); see worker --help`},
 		{"FlagBeforeCommand", nil, []string{"--kafka-brokers=x:1", "run"},
 			`worker: flags go after the command: worker CMD --kafka-brokers=x:1; see worker --help`},
+
+		// Absurd values, refused before anything is connected to.
+		{"HugeMaxInFlight", map[string]string{"MAX_IN_FLIGHT": "100000000"}, []string{"run"},
+			`worker: MAX_IN_FLIGHT: must be from 1 to 10000, got "100000000"`},
+		{"TinyLagInterval", map[string]string{"LAG_INTERVAL": "1ns"}, []string{"run"},
+			`worker: LAG_INTERVAL: must be from 100ms to 10m, got "1ns"`},
+		{"TinySessionTimeout", map[string]string{"KAFKA_SESSION_TIMEOUT": "1ms"}, []string{"run"},
+			`worker: KAFKA_SESSION_TIMEOUT: must be from 500ms to 30m, got "1ms"`},
+		{"HugeSessionTimeoutFlag", nil, []string{"dev", "--kafka-session-timeout=1h"},
+			`worker: --kafka-session-timeout: must be from 500ms to 30m, got "1h"`},
+		{"TinyRetryInitialInterval", map[string]string{"RETRY_INITIAL_INTERVAL": "1ns"}, []string{"run"},
+			`worker: RETRY_INITIAL_INTERVAL: must be from 10ms to 1m, got "1ns"`},
+		{"HugeRetryMaxInterval", map[string]string{"RETRY_MAX_INTERVAL": "1000h"}, []string{"run"},
+			`worker: RETRY_MAX_INTERVAL: must be from 10ms to 1h, got "1000h"`},
+		{"TinyRetryMaxElapsed", map[string]string{"RETRY_MAX_ELAPSED": "1ms"}, []string{"run"},
+			`worker: RETRY_MAX_ELAPSED: must be from 100ms to 168h, got "1ms"`},
+		{"TinyRetryParkAfter", map[string]string{"RETRY_PARK_AFTER": "1ns"}, []string{"run"},
+			`worker: RETRY_PARK_AFTER: must be from 100ms to 1h, got "1ns"`},
+		{"TinyInboxRetention", map[string]string{"INBOX_RETENTION_PAYMENTS": "1m"}, []string{"run"},
+			`worker: INBOX_RETENTION_PAYMENTS: must be from 1h to 87600h, got "1m"`},
+		{"HugeInboxRetention", map[string]string{"INBOX_RETENTION_SMS": "100000h"}, []string{"run"},
+			`worker: INBOX_RETENTION_SMS: must be from 1h to 87600h, got "100000h"`},
+		{"HugeBatchSize", map[string]string{"BATCH_SIZE": "1000000"}, []string{"run"},
+			`worker: BATCH_SIZE: must be from 1 to 10000, got "1000000"`},
+		{"HugeBatchWait", map[string]string{"BATCH_WAIT": "1h"}, []string{"run"},
+			`worker: BATCH_WAIT: must be from 1ms to 1s, got "1h"`},
+		{"HugePaymentsConcurrency", map[string]string{"PAYMENTS_CONCURRENCY": "100000"}, []string{"run"},
+			`worker: PAYMENTS_CONCURRENCY: must be from 1 to 1000, got "100000"`},
+		{"HugeSMSConcurrency", map[string]string{"SMS_CONCURRENCY": "1000000"}, []string{"run"},
+			`worker: SMS_CONCURRENCY: must be from 1 to 10000, got "1000000"`},
+		{"TinyShutdownTimeout", map[string]string{"SHUTDOWN_TIMEOUT": "10ms"}, []string{"run"},
+			`worker: SHUTDOWN_TIMEOUT: must be from 1s to 1h, got "10ms"`},
+		{"TinyStartupTimeout", map[string]string{"STARTUP_TIMEOUT": "1ns"}, []string{"migrate"},
+			`worker: STARTUP_TIMEOUT: must be from 100ms to 1h, got "1ns"`},
+		{"DeadLetterLoop", map[string]string{"TOPIC_SMS": "payments.callbacks.dlq"}, []string{"run"},
+			`worker: TOPIC_SMS: "payments.callbacks.dlq" is the dead-letter topic of TOPIC_PAYMENTS (DLQ_SUFFIX ".dlq")`},
+		{"DeadLetterTopicTooLong", map[string]string{"TOPIC_PAYMENTS": strings.Repeat("p", 248)}, []string{"run"},
+			`worker: DLQ_SUFFIX: TOPIC_PAYMENTS + DLQ_SUFFIX is 252 characters, more than a topic name's 249`},
 	}
+	// Nothing must be reached should a check above let its value through: no database, no broker.
+	unreachable := map[string]string{"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none", "STARTUP_TIMEOUT": "100ms",
+		"KAFKA_BROKERS": "127.0.0.1:1"}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			r := runMain(t, tt.env, tt.args...)
+			env := maps.Clone(unreachable)
+			maps.Copy(env, tt.env)
+			r := runMain(t, env, tt.args...)
 			if r.code != 1 || r.stdout != "" || r.stderr != tt.want+"\n" {
 				t.Errorf("got exit %d, stdout %q, stderr %q; want exit 1 and stderr %q", r.code, r.stdout, r.stderr, tt.want)
 			}

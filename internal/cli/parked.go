@@ -21,9 +21,12 @@ func parkedCommand() *command {
 			"applied or its retry budget (RETRY_MAX_ELAPSED) runs out.\n" +
 			"\n" +
 			"  list [TOPIC]          one line per parked message, each key's head first: where it came\n" +
-			"                        from, its Kafka and idempotency keys, how many of its key wait ahead\n" +
-			"                        of it, its attempts, when it is due and its last error; then a count\n" +
-			"                        per topic\n" +
+			"                        from, its Kafka and idempotency keys, what it waits for (next=: the\n" +
+			"                        messages of its key ahead of it, or its next attempt), its attempts,\n" +
+			"                        the retry budget spent and left (of RETRY_MAX_ELAPSED: give the\n" +
+			"                        worker's), its last error, and the reason it is dead-lettered with\n" +
+			"                        should its budget run out (reason_if_exhausted=); then a count per\n" +
+			"                        topic\n" +
 			"  retry ID...|all [TOPIC]\n" +
 			"                        make them due now (a message still waits for those ahead of it)\n" +
 			"  dead-letter ID...     write them to their dead-letter topic (the original key, value and\n" +
@@ -44,6 +47,6 @@ func runParked(ctx context.Context, a *app, cfg *Config, args []string) error {
 	}
 	logger := newLogger(cfg, a.stderr)
 	logStart(ctx, logger, "parked "+verb, cfg)
-	return parked.Run(ctx, parked.Config{Verb: verb, Args: rest, DLQSuffix: cfg.DLQSuffix,
+	return parked.Run(ctx, parked.Config{Verb: verb, Args: rest, DLQSuffix: cfg.DLQSuffix, RetryBudget: cfg.RetryMaxElapsed,
 		Postgres: postgres(cfg, logger, ""), Kafka: kafkaOf(cfg, logger), Out: a.stdout, Logger: logger})
 }

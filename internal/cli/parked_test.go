@@ -84,7 +84,7 @@ func TestParkedList(t *testing.T) {
 	t.Parallel()
 	e := setupPark(t)
 	head := e.park("payments.callbacks", "A-1001", 40, 30*time.Second, func(p *inbox.Parked) {
-		p.Attempts, p.Reason, p.LastError = 3, fault.UnknownOrder, "no order A-1001"
+		p.Attempts, p.Reason, p.LastError, p.BudgetSpent = 3, fault.UnknownOrder, "no order A-1001", 70*time.Second
 	})
 	behind := e.park("payments.callbacks", "A-1001", 41, 0, nil)
 	e.park("notifications.sms", "+8613800138000", 7, 0, func(p *inbox.Parked) {
@@ -100,9 +100,9 @@ func TestParkedList(t *testing.T) {
 		t.Fatalf("%d lines, want 3 messages and a summary", len(lines))
 	}
 	for i, want := range []*regexp.Regexp{
-		regexp.MustCompile(`^id=\d+ topic=notifications.sms partition=1 offset=7 key=\+86138\*\*\*\*8000 idempotency_key=evt-7 ahead=0 attempts=0 parked=\d+s-ago next=due error="provider answered 503"$`),
-		regexp.MustCompile(fmt.Sprintf(`^id=%d topic=payments.callbacks partition=1 offset=40 key=A-1001 idempotency_key=evt-40 ahead=0 attempts=3 parked=\d+s-ago next=in-(29|30)s reason=unknown_order error="no order A-1001"$`, head)),
-		regexp.MustCompile(fmt.Sprintf(`^id=%d topic=payments.callbacks partition=1 offset=41 key=A-1001 idempotency_key=evt-41 ahead=1 attempts=0 parked=\d+s-ago next=after-1-ahead$`, behind)),
+		regexp.MustCompile(`^id=\d+ topic=notifications.sms partition=1 offset=7 key=\+86138\*\*\*\*8000 idempotency_key=evt-7 ahead=0 attempts=0 parked=\d+s-ago next=due budget_spent=0s budget_left=5m0s last_error="provider answered 503"$`),
+		regexp.MustCompile(fmt.Sprintf(`^id=%d topic=payments.callbacks partition=1 offset=40 key=A-1001 idempotency_key=evt-40 ahead=0 attempts=3 parked=\d+s-ago next=in-(29|30)s budget_spent=1m10s budget_left=3m50s last_error="no order A-1001" reason_if_exhausted=unknown_order$`, head)),
+		regexp.MustCompile(fmt.Sprintf(`^id=%d topic=payments.callbacks partition=1 offset=41 key=A-1001 idempotency_key=evt-41 ahead=1 attempts=0 parked=\d+s-ago next=after-1-ahead budget_spent=0s budget_left=5m0s$`, behind)),
 		regexp.MustCompile(`^3 parked \(notifications.sms 1, payments.callbacks 2\)$`),
 	} {
 		if !want.MatchString(lines[i]) {
@@ -112,6 +112,16 @@ func TestParkedList(t *testing.T) {
 	if strings.Contains(r.stdout+r.stderr, "13800138000") {
 		t.Error("a full phone number in the output")
 	}
+
+	// The budget left is RETRY_MAX_ELAPSED's, as the worker's: one set lower shows less left, none
+	// once spent. A message whose budget ran out is never listed with a reason of its own: what is
+	// listed waits, and the reason is what it would get.
+	e.env["RETRY_MAX_ELAPSED"] = "1m"
+	r = e.run("list", "payments.callbacks")
+	if !strings.Contains(r.stdout, "budget_spent=1m10s budget_left=0s last_error=") || strings.Contains(r.stdout, " reason=") {
+		t.Errorf("list with RETRY_MAX_ELAPSED=1m:\n%s", r.stdout)
+	}
+	delete(e.env, "RETRY_MAX_ELAPSED")
 
 	r = e.run("list", "payments.callbacks")
 	if r.code != 0 || strings.Count(r.stdout, "\n") != 3 || !strings.HasSuffix(r.stdout, "2 parked (payments.callbacks 2)\n") {
@@ -161,6 +171,15 @@ func TestParkedRetry(t *testing.T) {
 	}
 	if r := e.run("retry", "all"); r.code != 0 || !strings.HasPrefix(r.stdout, "3 parked messages due now") {
 		t.Fatalf("retry all: exit %d, %q", r.code, r.stdout)
+	}
+	// An id that is not in the park is an error, said in one line; the others are made due.
+	if r := e.run("retry", "99999"); r.code != 1 || r.stdout != "" ||
+		!strings.HasSuffix(r.stderr, "worker: parked message 99999: not in the park (applied, dead-lettered, or a wrong id; see worker parked list)\n") {
+		t.Errorf("retry 99999: exit %d, stdout %q, stderr %q; want exit 1 and that it is not in the park", r.code, r.stdout, r.stderr)
+	}
+	if r := e.run("retry", fmt.Sprint(a), "99998", fmt.Sprint(a), "99999"); r.code != 1 || !strings.HasPrefix(r.stdout, "1 parked messages due now") ||
+		!strings.HasSuffix(r.stderr, "worker: parked messages 99998, 99999: not in the park (applied, dead-lettered, or wrong ids; see worker parked list); the 1 other was made due now\n") {
+		t.Errorf("retry %d 99998 %d 99999: exit %d, stdout %q, stderr %q", a, a, r.code, r.stdout, r.stderr)
 	}
 
 	for _, c := range []struct {

@@ -28,10 +28,12 @@ func replayCommand() *command {
 			"and a summary.\n" +
 			"\n" +
 			"Nothing is deleted: Kafka topics are append-only, so replaying twice puts a message back\n" +
-			"twice (a row of dead_letters is marked replayed, and replayed once). The inbox makes that\n" +
-			"harmless for a message that was applied (its key is skipped as a duplicate); a message that\n" +
-			"fails again is dead-lettered again. Try --dry-run first, and replay only the --reason whose\n" +
-			"cause you fixed.",
+			"twice. The inbox makes that harmless for a message that was applied (its key is skipped as\n" +
+			"a duplicate); a message that fails again is dead-lettered again. A row of dead_letters is\n" +
+			"replayed once, even by two replays at once: each claims a row before writing it and marks it\n" +
+			"replayed after; a row another replay holds is skipped, and the claim of a replay that died\n" +
+			"lapses after 2 minutes, when the next replay takes the row. Try --dry-run first, and replay\n" +
+			"only the --reason whose cause you fixed.",
 		use: useReplay,
 		flags: []*setting{
 			{Flag: "reason", Meta: "REASON",

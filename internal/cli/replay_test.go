@@ -331,7 +331,7 @@ func TestReplay(t *testing.T) {
 		for i, tail := range []string{"reason=provider_rejected to=notifications.sms key=sms-1",
 			"reason=provider_rejected to=notifications.sms key=sms-hdr-2",
 			"reason=provider_rejected to=notifications.sms key=(invalid_idempotency_key)",
-			"reason=invalid_payload to=notifications.sms key=(missing_idempotency_key)"} {
+			"reason=invalid_payload to=notifications.sms key=(invalid_payload)"} {
 			line := fmt.Sprintf("replayed %s partition=0 offset=%d %s\n", replaySMSDLQ, i, tail)
 			if !strings.Contains(r.stdout, line) {
 				t.Errorf("stdout lacks %q", line)
@@ -612,4 +612,91 @@ func writeAll(addr, topic string, msgs ...kafka.Message) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return w.WriteMessages(ctx, msgs...)
+}
+
+// TestReplayStoredConcurrently runs two replays of one dead-letter topic at once, as two operators
+// might: each row of dead_letters is put back once, by one of them, and both succeed.
+func TestReplayStoredConcurrently(t *testing.T) {
+	t.Parallel()
+	c := setupReplay(t)
+	const n = 40
+	var want []string
+	for i := range n {
+		key := fmt.Sprintf("C-%02d", i)
+		c.store(replayDLQ, dead(callback(fmt.Sprintf("evt-%d", i), key), "unknown_order", replayPayments))
+		want = append(want, key)
+	}
+	start := make(chan struct{})
+	results := make([]result, 2)
+	var wg sync.WaitGroup
+	for i := range results {
+		wg.Go(func() {
+			<-start
+			results[i] = c.replay(replayDLQ)
+		})
+	}
+	close(start)
+	wg.Wait()
+	replayed := 0
+	for i, r := range results {
+		if r.code != 0 {
+			t.Fatalf("replay %d: exit %d: %s", i, r.code, r.stderr)
+		}
+		var count int
+		if _, err := fmt.Sscanf(r.stdout[strings.LastIndex(strings.TrimSuffix(r.stdout, "\n"), "\n")+1:], "replayed %d,", &count); err != nil {
+			t.Fatalf("replay %d: no summary in %q: %v", i, r.stdout, err)
+		}
+		replayed += count
+	}
+	if got := keys(c.read(replayPayments)); !slices.Equal(got, want) {
+		t.Errorf("%s holds %d messages, want each of the %d rows once: %v", replayPayments, len(got), n, got)
+	}
+	if replayed != n {
+		t.Errorf("the two replays say they replayed %d, want %d between them", replayed, n)
+	}
+	if got := c.pending(replayDLQ); len(got) != 0 {
+		t.Errorf("pending after both: %v, want none", got)
+	}
+}
+
+// TestReplayStoredClaims checks the claims on rows of dead_letters: a row another replay holds is
+// skipped and left to it; a row whose replay died (its claim lapsed) is put back by the next one.
+func TestReplayStoredClaims(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := setupReplay(t)
+	held := c.store(replayDLQ, dead(callback("evt-1", "H-1"), "unknown_order", replayPayments))
+	lapsed := c.store(replayDLQ, dead(callback("evt-2", "H-2"), "unknown_order", replayPayments))
+	c.store(replayDLQ, dead(callback("evt-3", "H-3"), "unknown_order", replayPayments))
+	if _, err := c.db.Pool.Exec(ctx, `UPDATE dead_letters SET replay_claimed_by = 'another replay',
+		replay_claimed_until = CASE id WHEN $1 THEN now() + interval '1 hour' ELSE now() - interval '1 second' END
+		WHERE id IN ($1, $2)`, held, lapsed); err != nil {
+		t.Fatal(err)
+	}
+
+	r := c.replay(replayDLQ)
+	want := "replayed 2, skipped 1 ((taken by another replay) 1) from " + replayDLQ + " (2 of them from the table dead_letters)\n"
+	if r.code != 0 || !strings.HasSuffix(r.stdout, want) {
+		t.Errorf("exit %d, stdout:\n%s\nwant it to end with %q", r.code, r.stdout, want)
+	}
+	if got := keys(c.read(replayPayments)); !slices.Equal(got, []string{"H-2", "H-3"}) {
+		t.Errorf("replayed %v, want H-2 (its claim had lapsed) and H-3", got)
+	}
+	if got := c.pending(replayDLQ); !slices.Equal(got, []string{"H-1"}) {
+		t.Errorf("pending %v, want H-1, which the other replay holds", got)
+	}
+
+	// The other replay died too: once its claim lapses, the row is put back.
+	if _, err := c.db.Pool.Exec(ctx, `UPDATE dead_letters SET replay_claimed_until = now() - interval '1 second' WHERE id = $1`, held); err != nil {
+		t.Fatal(err)
+	}
+	if r := c.replay(replayDLQ); r.code != 0 || !strings.HasSuffix(r.stdout, "replayed 1, skipped 0 from "+replayDLQ+" (1 of them from the table dead_letters)\n") {
+		t.Errorf("exit %d, stdout:\n%s", r.code, r.stdout)
+	}
+	if got := keys(c.read(replayPayments)); !slices.Equal(got, []string{"H-1", "H-2", "H-3"}) {
+		t.Errorf("replayed %v, want each row once", got)
+	}
+	if got := c.pending(replayDLQ); len(got) != 0 {
+		t.Errorf("pending %v, want none", got)
+	}
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
@@ -186,18 +188,10 @@ func (w *worker) wire(ctx context.Context) error {
 	if err := checkKafka(ctx, cfg, logger); err != nil {
 		return err
 	}
-	retention := map[string]time.Duration{}
-	var consumed []consumer.Route
-	for _, r := range routes(cfg) {
-		h, err := r.handler(cfg, logger)
-		if err != nil {
-			return err
-		}
-		retention[r.inbox] = *r.retention
-		consumed = append(consumed, consumer.Route{Topic: r.topic, Name: r.inbox, Handler: h,
-			Concurrency: r.concurrency})
+	consumed, retention, err := consumedRoutes(cfg, logger)
+	if err != nil {
+		return err
 	}
-	var err error
 	w.store, err = inbox.NewStore(w.pool, inbox.Config{Retention: retention, Logger: logger})
 	if err != nil {
 		return err
@@ -206,7 +200,33 @@ func (w *worker) wire(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w.consumer, err = consumer.New(consumer.Config{
+	w.consumer, err = consumer.New(w.consumerConfig(consumed, mechanism, tlsConfig))
+	return err
+}
+
+// consumedRoutes are the routes as the consumer takes them, their handlers built, and the inbox
+// retention of each, by inbox name.
+func consumedRoutes(cfg *Config, logger *slog.Logger) ([]consumer.Route, map[string]time.Duration, error) {
+	retention := map[string]time.Duration{}
+	var consumed []consumer.Route
+	for _, r := range routes(cfg) {
+		h, err := r.handler(cfg, logger)
+		if err != nil {
+			return nil, nil, err
+		}
+		retention[r.inbox] = *r.retention
+		consumed = append(consumed, consumer.Route{Topic: r.topic, Name: r.inbox, Handler: h,
+			Concurrency: r.concurrency})
+	}
+	return consumed, retention, nil
+}
+
+// consumerConfig is the consumer's configuration: the settings, with the parts already built. Every
+// value the settings' bounds allow passes the consumer's validation, whose errors name its fields,
+// not the settings.
+func (w *worker) consumerConfig(consumed []consumer.Route, mechanism sasl.Mechanism, tlsConfig *tls.Config) consumer.Config {
+	cfg := w.cfg
+	return consumer.Config{
 		Brokers:        cfg.KafkaBrokers,
 		GroupID:        cfg.KafkaGroupID,
 		Routes:         consumed,
@@ -229,9 +249,8 @@ func (w *worker) wire(ctx context.Context) error {
 		Store:           w.store,
 		DeadLetters:     deadletter.NewStore(w.pool),
 		Metrics:         w.metrics,
-		Logger:          logger,
-	})
-	return err
+		Logger:          w.logger,
+	}
 }
 
 // ordering is ORDERING's value for the consumer.

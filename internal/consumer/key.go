@@ -24,8 +24,13 @@ const (
 	maxKeyLength      = 255 // characters
 )
 
-// errNoKey is the error of a message with no idempotency key in any source.
-var errNoKey = errors.New("no idempotency key: no header Idempotency-Key or X-Idempotent-Key, no JSON field event_id")
+// The errors of a message with no idempotency key in any source: its value is not JSON (reason
+// InvalidPayload), is JSON but not an object, or is an object without event_id.
+var (
+	errNotJSON   = errors.New("not valid JSON (and no header Idempotency-Key or X-Idempotent-Key to take the idempotency key from)")
+	errNotObject = errors.New("no idempotency key: no header Idempotency-Key or X-Idempotent-Key, and the value is not a JSON object")
+	errNoKey     = errors.New("no idempotency key: no header Idempotency-Key or X-Idempotent-Key, no JSON field event_id")
+)
 
 // IdempotencyKey returns m's idempotency key: the header Idempotency-Key, else the header
 // X-Idempotent-Key, else the string member named exactly event_id of the JSON object in the value.
@@ -35,7 +40,8 @@ var errNoKey = errors.New("no idempotency key: no header Idempotency-Key or X-Id
 // (two headers of one name, two event_id members) must give one key: two readers of the message would
 // otherwise take different ones. In the JSON value, a \u escape of an unpaired UTF-16 surrogate is
 // refused rather than read as U+FFFD, so a U+FFFD in a key is always one the producer wrote. When
-// there is no valid key it returns the reason to dead-letter with.
+// there is no valid key it returns the reason to dead-letter with: InvalidPayload for a value that
+// is not valid JSON and has no key header, as nothing could be read from it.
 func IdempotencyKey(m kafka.Message) (string, fault.Reason, error) {
 	for _, name := range []string{keyHeader, fallbackKeyHeader} {
 		var key string
@@ -54,8 +60,13 @@ func IdempotencyKey(m kafka.Message) (string, fault.Reason, error) {
 		}
 	}
 
-	values, ok := eventIDs(m.Value)
-	if !ok || len(values) == 0 {
+	values, err := eventIDs(m.Value)
+	switch {
+	case errors.Is(err, errNotJSON):
+		return "", fault.InvalidPayload, err
+	case err != nil:
+		return "", fault.MissingIdempotencyKey, err
+	case values == nil:
 		return "", fault.MissingIdempotencyKey, errNoKey
 	}
 	for _, v := range values[1:] {
@@ -85,18 +96,22 @@ func IdempotencyKey(m kafka.Message) (string, fault.Reason, error) {
 }
 
 // eventIDs returns the raw values of every top-level member of the JSON object value whose name is
-// exactly keyField, in order; ok is false when value is not one JSON object.
-func eventIDs(value []byte) (values [][]byte, ok bool) {
+// exactly keyField, in order. Its error is errNotJSON (with reason InvalidPayload) or errNotObject
+// (MissingIdempotencyKey) for a value that is not one JSON object.
+func eventIDs(value []byte) (values [][]byte, err error) {
 	obj, err := jsonobject.Parse(value)
 	if err != nil {
-		return nil, false
+		if !json.Valid(value) { // on the error path only: Parse has checked a valid object
+			return nil, errNotJSON
+		}
+		return nil, errNotObject
 	}
 	for m := range obj.Members() {
 		if m.Is(keyField) {
 			values = append(values, m.Value)
 		}
 	}
-	return values, true
+	return values, nil
 }
 
 // sameJSONString reports whether a and b are JSON strings of the same text written differently

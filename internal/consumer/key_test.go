@@ -41,9 +41,15 @@ var keyTests = []struct {
 	{"Longest", msgWith(`{}`, "Idempotency-Key", strings.Repeat("é", 255)), strings.Repeat("é", 255), ""},
 	{"None", msgWith(`{"id":"e"}`, "", ""), "", fault.MissingIdempotencyKey},
 	{"NullEventID", msgWith(`{"event_id":null}`, "", ""), "", fault.MissingIdempotencyKey},
-	{"NotJSON", msgWith(`event_id=e`, "", ""), "", fault.MissingIdempotencyKey},
-	{"EmptyValue", msgWith(``, "", ""), "", fault.MissingIdempotencyKey},
-	{"TrailingGarbage", msgWith(`{"event_id":"e"} x`, "", ""), "", fault.MissingIdempotencyKey},
+	// A value that is not JSON has no field to miss: it is a bad payload, however it mentions event_id.
+	{"NotJSON", msgWith(`event_id=e`, "", ""), "", fault.InvalidPayload},
+	{"EmptyValue", msgWith(``, "", ""), "", fault.InvalidPayload},
+	{"TrailingGarbage", msgWith(`{"event_id":"e"} x`, "", ""), "", fault.InvalidPayload},
+	{"TrailingComma", msgWith(`{"event_id":"e",}`, "", ""), "", fault.InvalidPayload},
+	{"Truncated", msgWith(`{"event_id":"e","order_no":"A-1"`, "", ""), "", fault.InvalidPayload},
+	{"NotJSONWithHeader", msgWith(`event_id=e`, "Idempotency-Key", "h"), "h", ""},
+	{"JSONArray", msgWith(`[{"event_id":"e"}]`, "", ""), "", fault.MissingIdempotencyKey},
+	{"JSONString", msgWith(`"event_id"`, "", ""), "", fault.MissingIdempotencyKey},
 	{"NestedEventID", msgWith(`{"data":{"event_id":"e"}}`, "", ""), "", fault.MissingIdempotencyKey},
 	{"NumberEventID", msgWith(`{"event_id":42}`, "", ""), "", fault.InvalidIdempotencyKey},
 	{"EmptyEventID", msgWith(`{"event_id":""}`, "", ""), "", fault.InvalidIdempotencyKey},
@@ -98,6 +104,24 @@ var keyTests = []struct {
 		{Key: "Idempotency-Key", Value: []byte("h1")}, {Key: "Idempotency-Key", Value: []byte("h2")}}}, "", fault.InvalidIdempotencyKey},
 	{"DuplicateHeaderOneEmpty", kafka.Message{Value: []byte(`{}`), Headers: []kafka.Header{
 		{Key: "Idempotency-Key", Value: []byte("h")}, {Key: "Idempotency-Key"}}}, "h", ""},
+}
+
+// TestIdempotencyKeyErrors checks what the errors say: the dead letter's dlq-error.
+func TestIdempotencyKeyErrors(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		value, want string
+	}{
+		{`event_id=e`, "not valid JSON (and no header Idempotency-Key or X-Idempotent-Key to take the idempotency key from)"},
+		{`{"event_id":"e",}`, "not valid JSON (and no header Idempotency-Key or X-Idempotent-Key to take the idempotency key from)"},
+		{`{"id":"e"}`, "no idempotency key: no header Idempotency-Key or X-Idempotent-Key, no JSON field event_id"},
+		{`[{"event_id":"e"}]`, "no idempotency key: no header Idempotency-Key or X-Idempotent-Key, and the value is not a JSON object"},
+	} {
+		_, _, err := consumer.IdempotencyKey(msgWith(tt.value, "", ""))
+		if err == nil || err.Error() != tt.want {
+			t.Errorf("%s: error %v, want %q", tt.value, err, tt.want)
+		}
+	}
 }
 
 func msgWith(value, headerKey, headerValue string) kafka.Message {

@@ -135,10 +135,60 @@ func TestStore(t *testing.T) {
 		t.Errorf("headers %v, want %v", d.Headers, headers)
 	}
 
-	if err := store.MarkReplayed(ctx, id); err != nil {
+	if ok, err := store.ClaimReplay(ctx, id, "replay-1", time.Minute); !ok || err != nil {
+		t.Fatalf("ClaimReplay = %v, %v", ok, err)
+	}
+	if err := store.MarkReplayed(ctx, id, "replay-1"); err != nil {
 		t.Fatal(err)
 	}
 	if got := pending(); len(got) != 0 {
 		t.Errorf("%d pending after replay, want none", len(got))
+	}
+}
+
+// TestReplayClaims checks that one replay at a time holds a row, that a claim lapses, and that a row
+// is marked replayed only by the replay holding it.
+func TestReplayClaims(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tx := pgtest.Tx(t)
+	store := deadletter.NewStore(tx)
+	id, err := store.Save(ctx, deadletter.Stored{DLQTopic: "payments.callbacks.dlq", Letter: letter, WriteError: "too large"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := func(owner string, want bool) {
+		t.Helper()
+		if ok, err := store.ClaimReplay(ctx, id, owner, time.Minute); ok != want || err != nil {
+			t.Fatalf("ClaimReplay(%s) = %v, %v; want %v", owner, ok, err, want)
+		}
+	}
+	claim("a", true)
+	claim("b", false) // a holds it
+	claim("a", true)  // a claims again, as after a retry
+	if err := store.MarkReplayed(ctx, id, "b"); !errors.Is(err, deadletter.ErrReplayClaimLost) {
+		t.Fatalf("MarkReplayed by b = %v, want ErrReplayClaimLost", err)
+	}
+
+	// a dies: its claim lapses, and b takes the row; a, back, cannot mark it.
+	if _, err := tx.Exec(ctx, `UPDATE dead_letters SET replay_claimed_until = now() - interval '1 second' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	claim("b", true)
+	claim("a", false)
+	if err := store.MarkReplayed(ctx, id, "a"); !errors.Is(err, deadletter.ErrReplayClaimLost) {
+		t.Fatalf("MarkReplayed by a after b took the row = %v, want ErrReplayClaimLost", err)
+	}
+	if err := store.MarkReplayed(ctx, id, "b"); err != nil {
+		t.Fatal(err)
+	}
+	// Replayed: nobody claims it again, not even once its claim would have lapsed.
+	if _, err := tx.Exec(ctx, `UPDATE dead_letters SET replay_claimed_until = now() - interval '1 second' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	claim("a", false)
+	claim("b", false)
+	if err := store.MarkReplayed(ctx, id, "b"); !errors.Is(err, deadletter.ErrReplayClaimLost) {
+		t.Fatalf("MarkReplayed twice = %v, want ErrReplayClaimLost", err)
 	}
 }

@@ -2,6 +2,7 @@ package deadletter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -38,7 +39,7 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Store keeps dead letters in the dead_letters table (migration 00005). Every method is one short
+// Store keeps dead letters in the dead_letters table (migrations 00005 and 00010). Every method is one short
 // statement, safe for concurrent use, and returns Postgres's errors as they are, for the caller to
 // classify.
 //
@@ -118,12 +119,41 @@ func (s *Store) Pending(ctx context.Context, dlqTopic string, fn func(Stored) (m
 	return nil
 }
 
-// MarkReplayed records that the dead letter id was put back on its original topic: Pending no
-// longer returns it. The row stays, as the dead-letter topic keeps its messages, for the record.
-func (s *Store) MarkReplayed(ctx context.Context, id int64) error {
-	_, err := s.db.Exec(ctx, `UPDATE dead_letters SET replayed_at = now() WHERE id = $1`, id)
+// ErrReplayClaimLost is MarkReplayed's error when the row is no longer claimed by the replay: its
+// claim lapsed, and another replay may have taken it, or it is marked replayed already.
+var ErrReplayClaimLost = errors.New("the dead letter is no longer claimed by this replay")
+
+// ClaimReplay claims the dead letter id for the replay owner, for lease, before it is put back on its
+// topic: it reports false when the row is replayed already, or claimed by another replay whose claim
+// has not lapsed. Once the write is acknowledged, MarkReplayed ends the claim; a claim that lapses
+// (its replay died, or took longer than lease) lets another replay take the row. No transaction is
+// held meanwhile: each is one statement.
+func (s *Store) ClaimReplay(ctx context.Context, id int64, owner string, lease time.Duration) (bool, error) {
+	tag, err := s.db.Exec(ctx, `
+		UPDATE dead_letters SET replay_claimed_by = $2, replay_claimed_until = now() + $3 * interval '1 microsecond'
+		WHERE id = $1 AND replayed_at IS NULL
+			AND (replay_claimed_until IS NULL OR replay_claimed_until <= now() OR replay_claimed_by = $2)`,
+		id, owner, lease.Microseconds())
+	if err != nil {
+		return false, fmt.Errorf("claim dead_letters row %d for a replay: %w", id, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// MarkReplayed records that the dead letter id, claimed by the replay owner (ClaimReplay), was put
+// back on its original topic: Pending no longer returns it. It returns ErrReplayClaimLost when
+// another replay has claimed it since (owner's claim lapsed), or it is marked already. The row stays, as the dead-letter topic keeps its messages, for the
+// record.
+func (s *Store) MarkReplayed(ctx context.Context, id int64, owner string) error {
+	tag, err := s.db.Exec(ctx, `
+		UPDATE dead_letters SET replayed_at = now(), replay_claimed_until = NULL
+		WHERE id = $1 AND replayed_at IS NULL AND replay_claimed_by = $2`,
+		id, owner)
 	if err != nil {
 		return fmt.Errorf("mark dead_letters row %d replayed: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("mark dead_letters row %d replayed: %w", id, ErrReplayClaimLost)
 	}
 	return nil
 }

@@ -6,7 +6,8 @@
 // help of a set of settings, and records each value as given, for a startup line.
 //
 // It holds no setting of its own: the program declares them in one table of Vars, each with its
-// parser (the parsers here are common ones). It does not decide which command reads which setting.
+// parser (the parsers here are common ones) and, for a number, its Bound (Durations, Counts): the
+// range outside of which a value is refused, shown in the help. It does not decide which command reads which setting.
 package envflag
 
 import (
@@ -32,6 +33,9 @@ type Var[C any] struct {
 	Use uint64
 	// Set parses raw into c. Its error does not name the setting: Resolve does.
 	Set func(c *C, raw string) error
+	// Bound, when set, is the range of values the setting accepts, checked once Set has accepted
+	// the value's form and shown by PrintHelp (see Durations and Counts).
+	Bound Bound
 }
 
 // Boolean reports whether the flag takes no value.
@@ -153,7 +157,7 @@ func (s *Set[C]) Resolve(c *C, all []*Var[C], getenv func(string) string) (*Reso
 				raw, given = e, true
 			}
 		}
-		if err := v.Set(c, raw); err != nil {
+		if err := v.set(c, raw); err != nil {
 			return nil, &Error{Name: v.Name(fromFlag), Err: err}
 		}
 		if v.Env == "" {
@@ -163,6 +167,17 @@ func (s *Set[C]) Resolve(c *C, all []*Var[C], getenv func(string) string) (*Reso
 		r.Shown[v.Env] = v.shown(raw)
 	}
 	return r, nil
+}
+
+// set parses raw into c and checks it against the bound.
+func (v *Var[C]) set(c *C, raw string) error {
+	if err := v.Set(c, raw); err != nil {
+		return err
+	}
+	if v.Bound != nil {
+		return v.Bound.Check(raw)
+	}
+	return nil
 }
 
 // FromFlag reports whether the setting env was given by its flag.
@@ -178,7 +193,7 @@ func (v *Var[C]) shown(raw string) string {
 // Override sets v to raw, decided at run time (the address a broker bound, say), as if it had been
 // given, so that r shows it.
 func Override[C any](c *C, r *Resolved, v *Var[C], raw string) error {
-	if err := v.Set(c, raw); err != nil {
+	if err := v.set(c, raw); err != nil {
 		return &Error{Name: v.Env, Err: err}
 	}
 	r.Shown[v.Env] = v.shown(raw)
@@ -203,6 +218,9 @@ func PrintHelp[C any](w io.Writer, vars []*Var[C], defaults map[string]string) {
 			notes = append(notes, fmt.Sprintf("default %q", v.Default))
 		} else {
 			notes = append(notes, "default unset")
+		}
+		if v.Bound != nil {
+			notes = append(notes, "from "+v.Bound.String())
 		}
 		fmt.Fprintf(w, "%s  (%s)\n        %s\n", head, strings.Join(notes, ", "), v.Usage)
 	}

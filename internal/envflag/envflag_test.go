@@ -3,6 +3,8 @@ package envflag
 import (
 	"errors"
 	"flag"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -88,5 +90,65 @@ func TestParseErrors(t *testing.T) {
 	}
 	if _, err := NewSet("cmd", vars()).Parse([]string{"--help"}); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("--help: got %v, want flag.ErrHelp", err)
+	}
+}
+
+// TestBound checks that a bound is checked once the value's form is accepted, that unset is within
+// it, and that the help gives it.
+func TestBound(t *testing.T) {
+	t.Parallel()
+	type conf struct {
+		Every time.Duration
+		N     int
+	}
+	vs := []*Var[conf]{
+		{Env: "EVERY", Flag: "every", Default: "5s", Meta: "DURATION", Bound: Durations(100*time.Millisecond, 10*time.Minute),
+			Set: func(c *conf, v string) error { return OptionalDuration(&c.Every, v) }},
+		{Env: "N", Flag: "n", Default: "256", Meta: "N", Bound: Counts(1, 10000),
+			Set: func(c *conf, v string) error { return Limit(&c.N, v) }},
+	}
+	for _, tt := range []struct {
+		env     map[string]string
+		wantErr string
+	}{
+		{map[string]string{"EVERY": "100ms", "N": "10000"}, ""},
+		{map[string]string{"EVERY": "10m"}, ""},
+		{map[string]string{"EVERY": "1ns"}, `EVERY: must be from 100ms to 10m, got "1ns"`},
+		{map[string]string{"EVERY": "10m0.001s"}, `EVERY: must be from 100ms to 10m, got "10m0.001s"`},
+		{map[string]string{"EVERY": "soon"}, `EVERY: invalid duration "soon"`},
+		{map[string]string{"N": "10001"}, `N: must be from 1 to 10000, got "10001"`},
+	} {
+		s := NewSet("cmd", vs)
+		var c conf
+		_, err := s.Resolve(&c, vs, func(k string) string { return tt.env[k] })
+		if got := fmt.Sprint(err); (tt.wantErr == "" && err != nil) || (tt.wantErr != "" && got != tt.wantErr) {
+			t.Errorf("%v: got %v, want %q", tt.env, err, tt.wantErr)
+		}
+	}
+	// Unset, for a setting that may be: within the bound.
+	s := NewSet("cmd", vs)
+	if _, err := s.Parse([]string{"--every=", "--n="}); err != nil {
+		t.Fatal(err)
+	}
+	var c conf
+	if _, err := s.Resolve(&c, vs, func(string) string { return "" }); err != nil || c.Every != 0 || c.N != 0 {
+		t.Errorf("unset: %+v, %v", c, err)
+	}
+	var help strings.Builder
+	PrintHelp(&help, vs, nil)
+	if !strings.Contains(help.String(), `(env EVERY, default "5s", from 100ms to 10m)`) {
+		t.Errorf("the help does not give the bound:\n%s", help.String())
+	}
+}
+
+func TestFormatDuration(t *testing.T) {
+	t.Parallel()
+	for d, want := range map[time.Duration]string{
+		time.Hour: "1h", 10 * time.Minute: "10m", 90 * time.Minute: "1h30m", 500 * time.Millisecond: "500ms",
+		87600 * time.Hour: "87600h", 61 * time.Second: "1m1s", 0: "0s",
+	} {
+		if got := FormatDuration(d); got != want {
+			t.Errorf("FormatDuration(%s) = %q, want %q", d, got, want)
+		}
 	}
 }

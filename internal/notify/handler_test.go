@@ -467,6 +467,52 @@ func TestHandleAcceptedWithoutID(t *testing.T) {
 	}
 }
 
+// TestHandleAmbiguousID: an answer with two different ids is accepted, recorded with no id, and
+// warned about, as an answer without one is.
+func TestHandleAmbiguousID(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	sender := newProvider(t, notify.HTTPConfig{}, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(`{"id":"m-1","id":"m-2"}`))
+	})
+	if outcome, err := e.process(t, e.newHandler(t, sender), "k1", testEvent, 1); err != nil || outcome != inbox.Applied {
+		t.Fatalf("Process = %q, %v; want applied", outcome, err)
+	}
+	if n, _ := e.recorded(t, "k1"); n == nil || n.status != "SENT" || n.providerMessageID != nil {
+		t.Fatalf("notification %+v, want SENT without a provider id", n)
+	}
+	if logs := e.logs.String(); !strings.Contains(logs, "level=WARN") || !strings.Contains(logs, "two that differ") {
+		t.Fatalf("no warning logged:\n%s", logs)
+	}
+}
+
+// TestHandleMasksPhoneLikeID: a provider whose message id is a phone number (the recipient's, or
+// another) has it stored whole, and logged masked, as every number is.
+func TestHandleMasksPhoneLikeID(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ id, logged string }{
+		{"+8613800138000", "provider_message_id=+86138****8000"},
+		{"sms-8613800138000", "provider_message_id=sms-[number]"},
+		{"+8613900139000", "provider_message_id=+[number]"},
+		{"m-123456", "provider_message_id=m-123456"},
+	} {
+		e := setup(t)
+		sender := newProvider(t, notify.HTTPConfig{}, func(w http.ResponseWriter, r *http.Request) {
+			_, _ = w.Write([]byte(`{"id":"` + tt.id + `"}`))
+		})
+		if outcome, err := e.process(t, e.newHandler(t, sender), "k1", testEvent, 1); err != nil || outcome != inbox.Applied {
+			t.Fatalf("Process = %q, %v; want applied", outcome, err)
+		}
+		if n, _ := e.recorded(t, "k1"); n == nil || n.providerMessageID == nil || *n.providerMessageID != tt.id {
+			t.Fatalf("notification %+v, want the id %q stored whole", n, tt.id)
+		}
+		logs := e.logs.String()
+		if !strings.Contains(logs, tt.logged) || strings.Contains(logs, "13800138000") || strings.Contains(logs, "13900139000") {
+			t.Errorf("id %s: want %s in the log, and no whole number:\n%s", tt.id, tt.logged, logs)
+		}
+	}
+}
+
 func TestLogSender(t *testing.T) {
 	t.Parallel()
 	e := setup(t)

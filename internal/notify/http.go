@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/inboxworker/inboxworker/internal/effect"
+	"github.com/inboxworker/inboxworker/internal/jsonobject"
 )
 
 // HTTPConfig configures an HTTPSender.
@@ -172,20 +173,43 @@ func (s *HTTPSender) transportError(ctx context.Context, err error) error {
 }
 
 // messageID returns the "id" of a provider's JSON answer: a string, or a number as its text; "" when
-// there is none. It is made storable with storableID.
+// there is none, and when there are two that differ. It is made storable with storableID. The member
+// is the top-level one named id in any case, as encoding/json matches a name; given twice, which one
+// the provider meant is a guess (encoding/json would take the last, other readers the first), and a
+// guess is not recorded. The same id twice is one id.
 func messageID(answer []byte) string {
-	var body struct {
-		ID json.RawMessage `json:"id"`
-	}
-	if json.Unmarshal(answer, &body) != nil {
+	obj, err := jsonobject.Parse(answer)
+	if err != nil {
 		return ""
 	}
+	id, found := "", false
+	for m := range obj.Members() {
+		if !isIDMember(m) {
+			continue
+		}
+		if v := idValue(m.Value); !found {
+			id, found = v, true
+		} else if v != id {
+			return ""
+		}
+	}
+	return id
+}
+
+// isIDMember reports whether m is named id, in any case.
+func isIDMember(m jsonobject.Member) bool {
+	return m.Is("id") || m.Is("ID") || m.Is("Id") || m.Is("iD")
+}
+
+// idValue is the id a member's raw value gives: a string, or a number as its text, made storable;
+// "" for any other value.
+func idValue(raw []byte) string {
 	var s string
-	if json.Unmarshal(body.ID, &s) == nil {
+	if json.Unmarshal(raw, &s) == nil {
 		return storableID(s)
 	}
 	var n json.Number
-	if json.Unmarshal(body.ID, &n) == nil {
+	if json.Unmarshal(raw, &n) == nil {
 		return storableID(n.String())
 	}
 	return ""
@@ -276,23 +300,12 @@ func retryAfter(header string, now time.Time) time.Duration {
 	return 0
 }
 
-// recipientMark stands for the recipient's number in a provider's answer while MaskNumbers runs, so
-// that the recipient appears as MaskPhone shows it and every other number as [number].
-const recipientMark = "\x00recipient\x00"
-
 // quote returns ": " and the start of a provider's answer, fit for error text: the token and every
 // run of digits long enough to be a phone number (MaskNumbers; the provider may echo the recipient,
 // in any form) removed, control characters replaced, and cut to maxAnswerQuote bytes. Empty for an
 // empty answer.
 func (s *HTTPSender) quote(answer []byte, to string) string {
-	text := s.withoutToken(strings.ToValidUTF8(string(answer), "\uFFFD"))
-	if to != "" {
-		text = strings.ReplaceAll(text, to, recipientMark)
-	}
-	text = MaskNumbers(text)
-	if to != "" {
-		text = strings.ReplaceAll(text, recipientMark, MaskPhone(to))
-	}
+	text := maskNumbersFor(s.withoutToken(strings.ToValidUTF8(string(answer), "\uFFFD")), to)
 	text = s.clean(text)
 	if text == "" {
 		return ""

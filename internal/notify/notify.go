@@ -150,7 +150,8 @@ func (h *Handler) Call(ctx context.Context, d effect.Delivery) (effect.Completio
 	if id != "" {
 		storedID = &id
 	} else {
-		h.logger.WarnContext(ctx, "sms provider accepted the message without an id; recording it with none",
+		h.logger.WarnContext(ctx, "sms provider accepted the message without an id to record "+
+			"(none, one that is neither a string nor a number, or two that differ); recording it with none",
 			slog.Any("sms", sms))
 	}
 	return func(ctx context.Context, tx pgx.Tx) error {
@@ -162,8 +163,10 @@ func (h *Handler) Call(ctx context.Context, d effect.Delivery) (effect.Completio
 		// and is rolled back and done again alone: a line for what is recorded, once. A send whose
 		// record does not commit is sent again, with the same key, and logged then.
 		effect.AfterCommit(ctx, func(ctx context.Context) {
+			// The id is stored whole; logged, its numbers are masked: a provider may use the
+			// recipient's number, or another, as its message id.
 			h.logger.InfoContext(ctx, "sms accepted by the provider", slog.Any("sms", sms),
-				slog.String("provider_message_id", id), slog.Int("attempt", d.Attempt))
+				slog.String("provider_message_id", maskNumbersFor(id, sms.To)), slog.Int("attempt", d.Attempt))
 		})
 		return nil
 	}, nil

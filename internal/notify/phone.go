@@ -83,3 +83,21 @@ func MaskNumbers(text string) string {
 	b.WriteString(text[written:])
 	return b.String()
 }
+
+// recipientMark stands for the recipient's number in a text while MaskNumbers runs, so that the
+// recipient appears as MaskPhone shows it and every other number as [number].
+const recipientMark = "\x00recipient\x00"
+
+// maskNumbersFor is MaskNumbers for a text about an SMS to the number to (a provider's answer, or
+// its message id): the recipient, when the text holds it, shown as MaskPhone shows it, so that a
+// reader sees which number it was about.
+func maskNumbersFor(text, to string) string {
+	if to != "" {
+		text = strings.ReplaceAll(text, to, recipientMark)
+	}
+	text = MaskNumbers(text)
+	if to != "" {
+		text = strings.ReplaceAll(text, recipientMark, MaskPhone(to))
+	}
+	return text
+}

@@ -43,6 +43,15 @@ func TestAcceptedWhateverTheID(t *testing.T) {
 		{name: "NotJSON", body: `<html>accepted</html>`},
 		{name: "Empty", body: ``},
 		{name: "TopLevelString", body: `"m-1"`},
+		{name: "OtherCase", body: `{"ID":"m-1"}`, want: "m-1"},
+		// Two ids: which one the provider means is anyone's guess (encoding/json takes the last, others
+		// the first), so neither is recorded; the same id twice is one id.
+		{name: "TwoIDs", body: `{"id":"m-1","status":"queued","id":"m-2"}`},
+		{name: "TwoIDsOtherCase", body: `{"id":"m-1","Id":"m-2"}`},
+		{name: "TwoIDsOneNull", body: `{"id":"m-1","id":null}`},
+		{name: "SameIDTwice", body: `{"id":"m-1","id":"m\u002d1"}`, want: "m-1"},
+		{name: "SameNumberTwice", body: `{"id":12345,"id":"12345"}`, want: "12345"},
+		{name: "NestedID", body: `{"data":{"id":"m-1"}}`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			sender := newProvider(t, notify.HTTPConfig{}, func(w http.ResponseWriter, r *http.Request) {

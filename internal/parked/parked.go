@@ -33,6 +33,9 @@ type Config struct {
 	Args []string
 	// DLQSuffix names the dead-letter topics. Required for dead-letter.
 	DLQSuffix string
+	// RetryBudget is one message's retry budget (RETRY_MAX_ELAPSED), as the worker's: list shows what
+	// is left of it. Required for list.
+	RetryBudget time.Duration
 	// Postgres and Kafka say where the park and the brokers are. Kafka is used by dead-letter only.
 	Postgres startup.Postgres
 	Kafka    startup.Kafka
@@ -66,7 +69,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	switch cfg.Verb {
 	case "list":
-		return listParked(ctx, cfg.Out, store, cfg.Args)
+		return listParked(ctx, cfg.Out, store, cfg.RetryBudget, cfg.Args)
 	case "retry":
 		return retryParked(ctx, cfg.Out, store, cfg.Args)
 	default:
@@ -81,7 +84,7 @@ const operatorLease = time.Minute
 // operatorWhy is the dlq-error of a message dead-lettered by hand, before its last error.
 const operatorWhy = "dead-lettered by an operator from the park"
 
-func listParked(ctx context.Context, out io.Writer, store *inbox.Store, args []string) error {
+func listParked(ctx context.Context, out io.Writer, store *inbox.Store, budget time.Duration, args []string) error {
 	if len(args) > 1 {
 		return fmt.Errorf("unexpected argument %q: list takes at most a topic (see worker parked --help)", args[1])
 	}
@@ -100,7 +103,7 @@ func listParked(ctx context.Context, out io.Writer, store *inbox.Store, args []s
 	counts := map[string]int{}
 	for _, p := range list {
 		counts[p.Topic]++
-		fmt.Fprintln(out, parkedLine(p, now))
+		fmt.Fprintln(out, parkedLine(p, budget, now))
 	}
 	var parts []string
 	for _, t := range slices.Sorted(maps.Keys(counts)) {
@@ -114,8 +117,10 @@ func listParked(ctx context.Context, out io.Writer, store *inbox.Store, args []s
 	return nil
 }
 
-// parkedLine describes p on one line of key=value pairs.
-func parkedLine(p inbox.Parked, now time.Time) string {
+// parkedLine describes p on one line of key=value pairs: where it came from, and what it waits for
+// (the messages of its key ahead of it, or its next attempt), with what is spent and left of its
+// retry budget, its last error, and the reason it gets once the budget runs out.
+func parkedLine(p inbox.Parked, budget time.Duration, now time.Time) string {
 	due := "due"
 	switch {
 	case p.Ahead > 0:
@@ -134,17 +139,28 @@ func parkedLine(p inbox.Parked, now time.Time) string {
 		"attempts=" + strconv.Itoa(p.Attempts),
 		"parked=" + now.Sub(p.ParkedAt).Round(time.Second).String() + "-ago",
 		"next=" + due,
-	}
-	if p.Reason != "" {
-		fields = append(fields, "reason="+replay.Displayed(string(p.Reason)))
+		"budget_spent=" + rounded(p.BudgetSpent),
+		"budget_left=" + rounded(max(budget-p.BudgetSpent, 0)),
 	}
 	if p.ClaimedBy != "" && p.ClaimedUntil.After(now) {
 		fields = append(fields, "claimed_by="+replay.Displayed(p.ClaimedBy))
 	}
 	if p.LastError != "" {
-		fields = append(fields, "error="+strconv.Quote(p.LastError))
+		fields = append(fields, "last_error="+strconv.Quote(p.LastError))
+	}
+	if p.Reason != "" {
+		// Not its reason yet: a parked message has budget left, or it would have left the park.
+		fields = append(fields, "reason_if_exhausted="+replay.Displayed(string(p.Reason)))
 	}
 	return strings.Join(fields, " ")
+}
+
+// rounded is a duration for a person: to the second, or to the millisecond under one.
+func rounded(d time.Duration) string {
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
 }
 
 // displayedKey is a message's Kafka key for output: a phone number masked, as everywhere else;
@@ -185,13 +201,64 @@ func retryParked(ctx context.Context, out io.Writer, store *inbox.Store, args []
 		if perr != nil {
 			return perr
 		}
-		n, err = store.RetryNow(ctx, ids)
+		return retryIDs(ctx, out, store, ids)
 	}
 	if err != nil {
 		return fmt.Errorf("retry parked messages: %w", err)
 	}
-	fmt.Fprintf(out, "%d parked messages due now; a message behind others of its key still waits for them\n", n)
+	printDue(out, n)
 	return nil
+}
+
+func printDue(out io.Writer, n int64) {
+	fmt.Fprintf(out, "%d parked messages due now; a message behind others of its key still waits for them\n", n)
+}
+
+// retryIDs makes the parked messages ids due now. An id that is not in the park is an error, once
+// the others are due.
+func retryIDs(ctx context.Context, out io.Writer, store *inbox.Store, ids []int64) error {
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	n, err := store.RetryNow(ctx, ids)
+	if err != nil {
+		return fmt.Errorf("retry parked messages: %w", err)
+	}
+	if n > 0 {
+		printDue(out, n)
+	}
+	if int(n) == len(ids) {
+		return nil
+	}
+	// Some are not in the park: which, read from the park as it is now.
+	list, err := store.List(ctx, "", 0)
+	if err != nil {
+		return fmt.Errorf("%d of the %d parked messages were made due now; read the park: %w", n, len(ids), err)
+	}
+	parked := map[int64]bool{}
+	for _, p := range list {
+		parked[p.ID] = true
+	}
+	var missing []string
+	for _, id := range ids {
+		if !parked[id] {
+			missing = append(missing, strconv.FormatInt(id, 10))
+		}
+	}
+	if len(missing) == 0 { // they were there, and have left the park since
+		return nil
+	}
+	what, wrong := "parked message "+missing[0], "a wrong id"
+	if len(missing) > 1 {
+		what, wrong = "parked messages "+strings.Join(missing, ", "), "wrong ids"
+	}
+	msg := fmt.Sprintf("%s: not in the park (applied, dead-lettered, or %s; see worker parked list)", what, wrong)
+	switch {
+	case n == 1:
+		msg += "; the 1 other was made due now"
+	case n > 1:
+		msg += fmt.Sprintf("; the %d others were made due now", n)
+	}
+	return errors.New(msg)
 }
 
 func parseIDs(args []string) ([]int64, error) {
@@ -236,7 +303,7 @@ func deadLetterParked(ctx context.Context, cfg Config, store *inbox.Store) error
 		p, err := store.Claim(ctx, id, owner, operatorLease)
 		switch {
 		case errors.Is(err, inbox.ErrNotParked):
-			return fmt.Errorf("parked message %d: not in the park (applied, dead-lettered, or a wrong id)%s", id, done(i))
+			return fmt.Errorf("parked message %d: not in the park (applied, dead-lettered, or a wrong id; see worker parked list)%s", id, done(i))
 		case errors.Is(err, inbox.ErrClaimed):
 			return fmt.Errorf("parked message %d: the worker is retrying it right now; try again in a moment%s", id, done(i))
 		case err != nil:

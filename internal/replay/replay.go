@@ -6,16 +6,21 @@
 //
 // It deletes nothing (Kafka topics are append-only: replaying twice puts a message back twice; a
 // row of dead_letters is marked replayed) and does not decide whether a dead letter's cause is
-// fixed: the operator chooses the reason to replay.
+// fixed: the operator chooses the reason to replay. A row of dead_letters is put back once, even by
+// two replays at once: each claims it before the write (deadletter.Store.ClaimReplay), for a lease
+// that lapses should the replay die before it marks the row replayed, which a later replay then
+// puts back. No transaction is open across a write.
 package replay
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"maps"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -38,7 +43,14 @@ const (
 	fetchMaxWait  = 500 * time.Millisecond
 	// maxDisplayed is how many bytes of a header value (an idempotency key, a reason) are printed.
 	maxDisplayed = 80
+	// storedWriteTimeout bounds the write of a row of dead_letters, which claimLease outlasts: no
+	// other replay takes the row while a write of it may still land.
+	storedWriteTimeout = time.Minute
+	claimLease         = 2 * storedWriteTimeout
 )
+
+// skippedClaimed labels, in the summary, the rows of dead_letters another replay took meanwhile.
+const skippedClaimed = "(taken by another replay)"
 
 // Options are what the operator chooses for one replay.
 type Options struct {
@@ -82,7 +94,15 @@ func New(cfg Config) (*Replay, error) {
 			cfg.DLQTopic, cfg.DLQSuffix)
 	}
 	return &Replay{cfg: cfg, state: state{dlqTopic: cfg.DLQTopic, suffix: cfg.DLQSuffix, reason: cfg.Reason,
-		limit: cfg.Limit, dryRun: cfg.DryRun, out: cfg.Out, logger: cfg.Logger, skipped: map[string]int{}}}, nil
+		limit: cfg.Limit, dryRun: cfg.DryRun, out: cfg.Out, logger: cfg.Logger, skipped: map[string]int{},
+		owner: owner()}}, nil
+}
+
+// owner names this replay in the claims it takes on rows of dead_letters: where it runs, and a
+// random part, so that two replays of one process are two owners too.
+func owner() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("worker replay on %s, pid %d, %s", host, os.Getpid(), rand.Text()[:8])
 }
 
 // Run reads the dead letters, checks that every topic to replay to exists, and replays them (or,
@@ -126,7 +146,8 @@ func (rp *Replay) Run(ctx context.Context) error {
 		for _, d := range r.letters {
 			r.printLetter("would replay", d)
 		}
-		r.printSummary("dry run: would replay", len(r.letters), "")
+		r.replayed = r.letters
+		r.printSummary("dry run: would replay", "")
 		return nil
 	}
 	w := deadletter.NewWriter(rp.cfg.Kafka.Brokers, admin.Transport)
@@ -145,10 +166,14 @@ type state struct {
 	logger   *slog.Logger
 	client   *kafka.Client
 	stored   *deadletter.Store
+	// owner names the replay in its claims on rows of dead_letters.
+	owner string
 
 	// letters are the dead letters to replay: the topic's in partition and offset order, then the
 	// table's in the order they were stored.
 	letters []*deadLetter
+	// replayed are those of letters written back, so far.
+	replayed []*deadLetter
 	// skipped counts the dead letters not replayed, by their reason or by what is wrong with their
 	// original topic, as printed.
 	skipped map[string]int
@@ -394,32 +419,59 @@ func (r *state) checkTargets(ctx context.Context) error {
 }
 
 // write produces the dead letters one at a time, each acknowledged before the next is written and
-// printed, so that what is printed is what was replayed. A dead letter of the table is marked
-// replayed once written.
+// printed, so that what is printed is what was replayed. A dead letter of the table is claimed
+// before it is written, and marked replayed once written; one another replay claimed meanwhile is
+// skipped.
 func (r *state) write(ctx context.Context, w *kafka.Writer) error {
-	for i, d := range r.letters {
-		if err := w.WriteMessages(ctx, d.message); err != nil {
-			if ctx.Err() != nil {
-				r.printSummary("interrupted: replayed", i, "")
-				return ctx.Err()
-			}
-			r.printSummary("replayed", i, "; failed at "+r.where(d))
-			return fmt.Errorf("replay %s to %s: %w (%d of %d replayed before it; it may or may not "+
-				"have been written)", r.where(d), d.message.Topic, err, i, len(r.letters))
-		}
+	for _, d := range r.letters {
 		if d.storedID != 0 {
-			// Written but not marked, it would be replayed again by the next run: the inbox skips a key
-			// applied before, so that does no harm, but it is reported.
-			if err := r.stored.MarkReplayed(context.WithoutCancel(ctx), d.storedID); err != nil {
+			claimed, err := r.stored.ClaimReplay(ctx, d.storedID, r.owner, claimLease)
+			if err != nil {
+				return r.stop(ctx, d, "; failed at "+r.where(d), err)
+			}
+			if !claimed {
+				r.skipped[skippedClaimed]++
+				continue
+			}
+		}
+		if err := r.writeOne(ctx, w, d); err != nil {
+			return r.stop(ctx, d, "; failed at "+r.where(d), fmt.Errorf("replay %s to %s: %w (%d of %d replayed "+
+				"before it; it may or may not have been written)", r.where(d), d.message.Topic, err, len(r.replayed), len(r.letters)))
+		}
+		r.replayed = append(r.replayed, d)
+		if d.storedID != 0 {
+			// Written but not marked, it would be replayed again by the next run once its claim
+			// lapses: the inbox skips a key applied before, so that does no harm, but it is reported.
+			if err := r.stored.MarkReplayed(context.WithoutCancel(ctx), d.storedID, r.owner); err != nil {
 				r.printLetter("replayed", d)
-				r.printSummary("replayed", i+1, "; failed to mark "+r.where(d)+" replayed")
-				return fmt.Errorf("%w: it was replayed, and the next replay puts it back again", err)
+				r.printSummary("replayed", "; failed to mark "+r.where(d)+" replayed")
+				return fmt.Errorf("%w: it was replayed, and the next replay may put it back again", err)
 			}
 		}
 		r.printLetter("replayed", d)
 	}
-	r.printSummary("replayed", len(r.letters), "")
+	r.printSummary("replayed", "")
 	return nil
+}
+
+// writeOne writes d, a row of dead_letters within its claim's lease.
+func (r *state) writeOne(ctx context.Context, w *kafka.Writer, d *deadLetter) error {
+	if d.storedID != 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, storedWriteTimeout)
+		defer cancel()
+	}
+	return w.WriteMessages(ctx, d.message)
+}
+
+// stop prints the summary of a replay that stops at d with err, and returns the error to end it with.
+func (r *state) stop(ctx context.Context, d *deadLetter, note string, err error) error {
+	if ctx.Err() != nil {
+		r.printSummary("interrupted: replayed", "")
+		return ctx.Err()
+	}
+	r.printSummary("replayed", note)
+	return err
 }
 
 func (r *state) printLetter(verb string, d *deadLetter) {
@@ -436,7 +488,7 @@ func (r *state) printLetter(verb string, d *deadLetter) {
 }
 
 // printSummary prints how many dead letters were replayed and how many skipped, by reason.
-func (r *state) printSummary(verb string, replayed int, note string) {
+func (r *state) printSummary(verb string, note string) {
 	total := 0
 	var parts []string
 	for _, label := range slices.Sorted(maps.Keys(r.skipped)) {
@@ -451,7 +503,7 @@ func (r *state) printSummary(verb string, replayed int, note string) {
 		note = fmt.Sprintf("; stopped at --limit %d", r.limit) + note
 	}
 	stored := 0
-	for _, d := range r.letters[:replayed] {
+	for _, d := range r.replayed {
 		if d.storedID != 0 {
 			stored++
 		}
@@ -459,7 +511,7 @@ func (r *state) printSummary(verb string, replayed int, note string) {
 	if stored > 0 {
 		note = fmt.Sprintf(" (%d of them from the table dead_letters)", stored) + note
 	}
-	fmt.Fprintf(r.out, "%s %d, skipped %s from %s%s\n", verb, replayed, skipped, r.dlqTopic, note)
+	fmt.Fprintf(r.out, "%s %d, skipped %s from %s%s\n", verb, len(r.replayed), skipped, r.dlqTopic, note)
 }
 
 func displayedReason(reason string) string {

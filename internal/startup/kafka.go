@@ -167,13 +167,16 @@ func CheckKafka(ctx context.Context, k Kafka, topics []Topic) error {
 	return nil
 }
 
+// MaxTopicName is the longest topic name Kafka accepts, in characters.
+const MaxTopicName = 249
+
 var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]+$`)
 
 // CheckTopicName accepts a name Kafka accepts for a topic (a dead-letter suffix follows the same
 // rules).
 func CheckTopicName(v string) error {
-	if !topicName.MatchString(v) || len(v) > 249 {
-		return fmt.Errorf("invalid topic name %q (letters, digits, '.', '_' and '-', at most 249)", v)
+	if !topicName.MatchString(v) || len(v) > MaxTopicName {
+		return fmt.Errorf("invalid topic name %q (letters, digits, '.', '_' and '-', at most %d)", v, MaxTopicName)
 	}
 	return nil
 }

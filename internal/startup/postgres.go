@@ -2,10 +2,12 @@ package startup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/tracelog"
 
@@ -24,7 +26,8 @@ type Postgres struct {
 	Logger *slog.Logger
 }
 
-// OpenPostgres connects to p.URL and waits up to p.Timeout for Postgres to answer.
+// OpenPostgres connects to p.URL and waits up to p.Timeout for Postgres to answer; a refusal no wait
+// can fix (see hopeless) ends it at once.
 func OpenPostgres(ctx context.Context, p Postgres) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(p.URL)
 	if err != nil { // checked with the configuration: only a race with the environment gets here
@@ -43,9 +46,20 @@ func OpenPostgres(ctx context.Context, p Postgres) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
+	var refused *pgconn.PgError
 	err = waitFor(ctx, p.Timeout, p.Logger, "Postgres", func(ctx context.Context) error {
-		return pool.Ping(ctx)
+		err := pool.Ping(ctx)
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && hopeless[pgErr.Code] {
+			refused = pgErr
+			return giveUp{err}
+		}
+		return err
 	})
+	if refused != nil {
+		pool.Close()
+		return nil, fmt.Errorf("DATABASE_URL: Postgres at %s refused the connection: %s (SQLSTATE %s): waiting will not fix it",
+			redact.URL(p.URL), redact.Scrubber(pcfg.ConnConfig.Password)(refused.Message), refused.Code)
+	}
 	if err != nil {
 		pool.Close()
 		if ctx.Err() != nil {
@@ -55,6 +69,16 @@ func OpenPostgres(ctx context.Context, p Postgres) (*pgxpool.Pool, error) {
 			redact.URL(p.URL), p.Timeout, redact.Scrubber(pcfg.ConnConfig.Password)(err.Error()))
 	}
 	return pool, nil
+}
+
+// hopeless are the SQLSTATEs of a connection Postgres refused for a reason that waiting does not
+// change: the database or the role does not exist, the password is wrong, or the role may not
+// connect. They end the wait at once; an operator has to fix DATABASE_URL or the server.
+var hopeless = map[string]bool{
+	"3D000": true, // invalid_catalog_name: no such database
+	"28000": true, // invalid_authorization_specification: no such role, or no pg_hba.conf entry
+	"28P01": true, // invalid_password
+	"42501": true, // insufficient_privilege: no CONNECT on the database
 }
 
 // pgxTracer routes pgx's own logs to logger without what they may carry of our data: statement

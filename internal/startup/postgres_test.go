@@ -5,10 +5,15 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/tracelog"
+
+	"github.com/inboxworker/inboxworker/internal/pgtest"
+	"github.com/inboxworker/inboxworker/internal/redact"
 )
 
 // TestPgxTracerKeepsSecretsOut checks that what pgx logs reaches our logs without statement
@@ -52,6 +57,50 @@ func TestPgxTracerKeepsSecretsOut(t *testing.T) {
 			}
 			if !strings.Contains(got, "password authentication failed: xxxxx") {
 				t.Errorf("the error was not kept, scrubbed: %q", got)
+			}
+		})
+	}
+}
+
+// TestOpenPostgresGivesUpAtOnce checks that an error no wait can fix ends the wait at once, saying
+// what it is: a database that does not exist, a role that does not exist. Such an error comes from a
+// Postgres that answered; calling it unreachable after STARTUP_TIMEOUT sends the operator to the
+// network. The wait is long: a test that waited would be seen to hang, and it logs "waiting for
+// Postgres" after its first failure, which these must not.
+func TestOpenPostgresGivesUpAtOnce(t *testing.T) {
+	t.Parallel()
+	server, err := url.Parse(pgtest.ServerURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		url  func(u *url.URL)
+		want string
+	}{
+		{"NoSuchDatabase", func(u *url.URL) { u.Path = "/no_such_database" },
+			`database "no_such_database" does not exist (SQLSTATE 3D000): waiting will not fix it`},
+		{"NoSuchRole", func(u *url.URL) { u.User = url.UserPassword("no_such_role", "db-s3cret") },
+			`role "no_such_role" does not exist (SQLSTATE 28000): waiting will not fix it`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			u := *server
+			tt.url(&u)
+			var logs bytes.Buffer
+			p := Postgres{URL: u.String(), Timeout: time.Minute, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+			pool, err := OpenPostgres(context.Background(), p)
+			if err == nil {
+				pool.Close()
+				t.Fatal("connected")
+			}
+			want := "DATABASE_URL: Postgres at " + redact.URL(u.String()) + " refused the connection: " + tt.want
+			if err.Error() != want {
+				t.Errorf("error %q,\nwant %q", err, want)
+			}
+			if strings.Contains(logs.String(), "waiting for Postgres") || strings.Contains(err.Error()+logs.String(), "s3cret") {
+				t.Errorf("logged:\n%s", logs.String())
 			}
 		})
 	}
