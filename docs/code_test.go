@@ -243,11 +243,11 @@ func TestHasMember(t *testing.T) {
 		pkg, typ, name string
 		want           bool
 	}{
-		{"inbox", "Store", "Process", true},        // a method
-		{"inbox", "Store", "claim", true},          // an unexported method
-		{"inbox", "Message", "Key", true},          // a field
-		{"effect", "Delivery", "Key", true},        // a field, through an alias to another package
-		{"effect", "BatchHandler", "Handle", true}, // an embedded interface's method
+		{"inbox", "Store", "Process", true},             // a method
+		{"inbox", "Store", "claim", true},               // an unexported method
+		{"inbox", "Message", "Key", true},               // a field
+		{"inboxworker", "Delivery", "Key", true},        // a field, through an alias to another package
+		{"inboxworker", "BatchHandler", "Handle", true}, // an embedded interface's method
 		{"inbox", "Store", "NoSuchMethod", false},
 		{"nosuchpackage", "Store", "Process", false},
 	} {

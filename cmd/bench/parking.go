@@ -34,9 +34,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/payment"
@@ -62,7 +62,7 @@ const (
 	smsConcurrency      = 128
 )
 
-func paymentsRoute(e *env, handler effect.Handler) consumer.Route {
+func paymentsRoute(e *env, handler inboxworker.Handler) consumer.Route {
 	return consumer.Route{Topic: e.topic, Name: "payments", Handler: handler, Concurrency: paymentsConcurrency}
 }
 
@@ -349,7 +349,7 @@ func runProviderOutage(ctx context.Context, e *env) (result, error) {
 		return result{}, err
 	}
 	retry := consumer.Retry{MaxElapsed: *outageRetryMaxElapsed}
-	bw, err := startWorker(ctx, e, e.pool, consumer.Route{Topic: e.topic, Name: "sms", Handler: handler,
+	bw, err := startWorker(ctx, e, e.pool, consumer.Route{Topic: e.topic, Name: "sms", Call: handler,
 		Concurrency: smsConcurrency}, retry)
 	if err != nil {
 		return result{}, err

@@ -82,7 +82,7 @@ func runSMS(ctx context.Context, e *env) (result, error) {
 		Brokers: []string{e.addr},
 		GroupID: "bench-sms",
 		// 128 sends at once: the worker's SMS_CONCURRENCY default.
-		Routes:      []consumer.Route{{Topic: e.topic, Name: "sms", Handler: handler, Concurrency: 128}},
+		Routes:      []consumer.Route{{Topic: e.topic, Name: "sms", Call: handler, Concurrency: 128}},
 		BatchSize:   e.cfg.BatchSize,
 		BatchWait:   e.cfg.BatchWait,
 		DeadLetters: deadletter.NewStore(e.pool),

@@ -7,9 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/envflag"
-	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 	"github.com/inboxworker/inboxworker/internal/testlog"
 )
@@ -18,7 +17,7 @@ import (
 // value (MAX_IN_FLIGHT=100000000, LAG_INTERVAL=1ns) is refused at start rather than run with.
 func TestEveryNumberIsBounded(t *testing.T) {
 	t.Parallel()
-	for _, s := range settings {
+	for _, s := range settingsOf(bundledRoutes) {
 		if (s.Meta == "DURATION" || s.Meta == "N") && s.Bound == nil {
 			t.Errorf("%s (--%s) has no Bound", s.Env, s.Flag)
 		}
@@ -70,7 +69,7 @@ func commandOf(t *testing.T, s *setting) string {
 // its edges are accepted, the values just outside are refused naming the setting and the range.
 func TestBounds(t *testing.T) {
 	t.Parallel()
-	for _, s := range settings {
+	for _, s := range settingsOf(bundledRoutes) {
 		if s.Bound == nil {
 			continue
 		}
@@ -86,8 +85,8 @@ func TestBounds(t *testing.T) {
 			for _, v := range []string{e.below, e.above} {
 				env := maps.Clone(compatible)
 				env[s.Env] = v
-				fs := envflag.NewSet(command, findCommand(command).selected())
-				_, err := resolve(fs, func(k string) string { return env[k] })
+				fs := envflag.NewSet(command, findCommand(command).selected(settingsOf(bundledRoutes)))
+				_, err := resolve(fs, func(k string) string { return env[k] }, bundledRoutes, settingsOf(bundledRoutes))
 				want := s.Env + ": must be from " + s.Bound.String() + `, got "` + v + `"`
 				if v == "0" || strings.HasPrefix(v, "-") {
 					want = s.Env + `: must be a positive number, got "` + v + `"` // the form's error comes first
@@ -100,15 +99,15 @@ func TestBounds(t *testing.T) {
 	}
 }
 
-// TestBoundsPassTheConsumer checks that whatever the bounds allow, the consumer accepts: its own
+// TestBoundsPassTheWorker checks that whatever the bounds allow, the worker accepts: its own
 // validation names its fields (Config.SessionTimeout), which mean nothing to an operator, so it must
 // never be what refuses a setting. Each bounded setting is tried at both edges, the others at
 // their defaults.
-func TestBoundsPassTheConsumer(t *testing.T) {
+func TestBoundsPassTheWorker(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Schema(t)
 	logger := testlog.New(t)
-	for _, s := range settings {
+	for _, s := range settingsOf(bundledRoutes) {
 		if s.Bound == nil || s.Use&useWorker == 0 {
 			continue
 		}
@@ -117,23 +116,13 @@ func TestBoundsPassTheConsumer(t *testing.T) {
 			env := maps.Clone(compatible)
 			env[s.Env] = v
 			cfg := parseConfig(t, env, "run")
-			consumed, retention, err := consumedRoutes(cfg, logger)
+			routes, err := cfg.workerRoutes(logger)
 			if err != nil {
 				t.Fatalf("%s=%s: %v", s.Env, v, err)
 			}
-			for name, d := range retention {
-				if d == 0 {
-					retention[name] = 337 * time.Hour // settled from the topic at start
-				}
-			}
-			store, err := inbox.NewStore(db.Pool, inbox.Config{Retention: retention, Logger: logger})
-			if err != nil {
-				t.Errorf("%s=%s: the inbox refuses it: %v", s.Env, v, err)
-				continue
-			}
-			w := &worker{cfg: cfg, logger: logger, pool: db.Pool, store: store}
-			if _, err := consumer.New(w.consumerConfig(consumed, nil, nil)); err != nil {
-				t.Errorf("%s=%s: the consumer refuses it: %v", s.Env, v, err)
+			w := &worker{cfg: cfg, logger: logger, pool: db.Pool}
+			if _, err := inboxworker.New(w.workerConfig(routes, nil, nil)); err != nil {
+				t.Errorf("%s=%s: the worker refuses it: %v", s.Env, v, err)
 			}
 		}
 	}

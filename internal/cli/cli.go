@@ -36,7 +36,7 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 			code = 1
 		}
 	}()
-	a := &app{getenv: getenv, stdout: stdout, stderr: stderr}
+	a := &app{getenv: getenv, stdout: stdout, stderr: stderr, routes: bundledRoutes}
 	err := a.main(ctx, args)
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -51,6 +51,8 @@ type app struct {
 	getenv func(string) string
 	stdout io.Writer
 	stderr io.Writer
+	// routes are the binary's routes: bundledRoutes.
+	routes []routeRow
 }
 
 // A command is one of the worker's subcommands. Each is declared in its own file.
@@ -94,12 +96,12 @@ func (a *app) main(ctx context.Context, args []string) error {
 	case "-h", "-help", "--help", "help":
 		if len(args) > 1 && args[0] == "help" {
 			if cmd := findCommand(args[1]); cmd != nil {
-				cmd.usage(a.stdout)
+				cmd.usage(a.stdout, a.settings())
 				return nil
 			}
 			return fmt.Errorf("unknown command %q (%s)", args[1], commandNames())
 		}
-		usage(a.stdout)
+		usage(a.stdout, a.settings())
 		return nil
 	}
 	cmd := findCommand(args[0])
@@ -109,10 +111,11 @@ func (a *app) main(ctx context.Context, args []string) error {
 		}
 		return fmt.Errorf("unknown command %q (%s); see worker --help", args[0], commandNames())
 	}
-	fs := envflag.NewSet(cmd.name, cmd.selected())
+	all := a.settings()
+	fs := envflag.NewSet(cmd.name, cmd.selected(all))
 	positional, err := fs.Parse(args[1:])
 	if errors.Is(err, flag.ErrHelp) {
-		cmd.usage(a.stdout)
+		cmd.usage(a.stdout, all)
 		return err
 	}
 	if err != nil {
@@ -121,11 +124,11 @@ func (a *app) main(ctx context.Context, args []string) error {
 	if len(positional) > cmd.maxArgs {
 		return fmt.Errorf("unexpected argument %q (see worker %s --help)", positional[cmd.maxArgs], cmd.name)
 	}
-	cfg, err := resolve(fs, a.getenv)
+	cfg, err := resolve(fs, a.getenv, a.routes, all)
 	if err != nil {
 		return err
 	}
-	cfg.used = cmd.selected()
+	cfg.used = cmd.selected(all)
 	err = cmd.run(ctx, a, cfg, positional)
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		// Stopped by SIGTERM/SIGINT before it was up (waiting for a dependency, say): a clean stop.
@@ -143,10 +146,13 @@ func findCommand(name string) *command {
 	return nil
 }
 
-// selected returns the command's settings in the order of the settings table, then its own flags.
-func (c *command) selected() []*setting {
+// settings are the binary's settings, its routes' among them.
+func (a *app) settings() []*setting { return settingsOf(a.routes) }
+
+// selected returns the command's settings of all, in their order, then its own flags.
+func (c *command) selected(all []*setting) []*setting {
 	var out []*setting
-	for _, s := range settings {
+	for _, s := range all {
 		if s.Use&c.use != 0 {
 			out = append(out, s)
 		}
@@ -154,7 +160,7 @@ func (c *command) selected() []*setting {
 	return append(out, c.flags...)
 }
 
-func usage(w io.Writer) {
+func usage(w io.Writer, settings []*setting) {
 	fmt.Fprint(w, `worker consumes Kafka payment callbacks and SMS events and applies each one exactly once,
 recording its idempotency key in a Postgres inbox in the same transaction as its effect.
 
@@ -176,13 +182,13 @@ Flags:
 	envflag.PrintHelp(w, all, nil)
 }
 
-func (c *command) usage(w io.Writer) {
+func (c *command) usage(w io.Writer, all []*setting) {
 	fmt.Fprintf(w, "Usage: worker %s [flags]", c.name)
 	if c.args != "" {
 		fmt.Fprintf(w, " %s", c.args)
 	}
 	fmt.Fprintf(w, "\n\n%s\n\nFlags (each wins over its environment variable):\n", c.details)
-	envflag.PrintHelp(w, c.selected(), c.defaults)
+	envflag.PrintHelp(w, c.selected(all), c.defaults)
 }
 
 // oneLine keeps an error message on one line.

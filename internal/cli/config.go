@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/inboxworker/inboxworker/internal/envflag"
-	"github.com/inboxworker/inboxworker/internal/startup"
 )
 
 // Config is the worker's configuration: every variable of the contract, read from the environment
@@ -24,9 +23,9 @@ type Config struct {
 
 	DatabaseURL string
 
-	TopicPayments string
-	TopicSMS      string
-	DLQSuffix     string
+	// Routes are the settings of each route (routes.go), by name.
+	Routes    map[string]*routeSettings
+	DLQSuffix string
 
 	SMSProviderURL   string
 	SMSProviderToken string
@@ -36,19 +35,11 @@ type Config struct {
 	RetryMaxElapsed      time.Duration
 	RetryParkAfter       time.Duration
 
-	// InboxRetentionPayments and InboxRetentionSMS are how long idempotency keys are remembered.
-	// Zero (the default) means "as long as the topic can redeliver": settled at start from the
-	// topic's configuration (see checkKafka).
-	InboxRetentionPayments time.Duration
-	InboxRetentionSMS      time.Duration
-
 	BatchSize int
 	BatchWait time.Duration
 
-	Ordering            string // key or partition
-	MaxInFlight         int
-	PaymentsConcurrency int
-	SMSConcurrency      int
+	Ordering    string // key or partition
+	MaxInFlight int
 
 	// LagInterval is how often the consumer_lag metric is refreshed. Defaults to 5s.
 	LagInterval time.Duration
@@ -65,13 +56,18 @@ type Config struct {
 	// NoMigrate skips the migrations at start (worker run --no-migrate). A flag only.
 	NoMigrate bool
 
+	// routes are the binary's routes (bundledRoutes, unless a test adds one), and settings the
+	// settings they make (settingsOf).
+	routes   []routeRow
+	settings []*setting
 	// used are the settings of the command being run, for the startup log line.
 	used []*setting
 	// resolved is where each setting came from and how the startup line shows it.
 	resolved *envflag.Resolved
 }
 
-// settings are every configuration variable, in the order --help and the startup log list them.
+// settings are every configuration variable but the routes' (routes.go), in the order --help and
+// the startup log list them.
 // Each entry is all there is to a setting (variable, flag, default, help, how the startup line
 // shows it, which commands read it, its parser): adding one is adding an entry and its field.
 var settings = []*setting{
@@ -109,12 +105,6 @@ var settings = []*setting{
 		Default: "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 		Usage:   "Postgres holding the inbox and the business tables",
 		Set:     func(c *Config, v string) error { return parseDatabaseURL(&c.DatabaseURL, v) }},
-	{Env: "TOPIC_PAYMENTS", Flag: "topic-payments", Default: "payments.callbacks", Meta: "TOPIC", Use: useTopics,
-		Usage: "payment callback topic",
-		Set:   func(c *Config, v string) error { return parseTopic(&c.TopicPayments, v) }},
-	{Env: "TOPIC_SMS", Flag: "topic-sms", Default: "notifications.sms", Meta: "TOPIC", Use: useTopics,
-		Usage: "SMS event topic",
-		Set:   func(c *Config, v string) error { return parseTopic(&c.TopicSMS, v) }},
 	{Env: "DLQ_SUFFIX", Flag: "dlq-suffix", Default: ".dlq", Meta: "SUFFIX", Use: useTopics | useReplay | useParked,
 		Usage: "dead-letter topic = source topic + suffix",
 		Set:   func(c *Config, v string) error { return parseTopic(&c.DLQSuffix, v) }},
@@ -140,18 +130,6 @@ var settings = []*setting{
 		Usage: "how long a message is retried in place before it is parked, out of its partition's way (ORDERING=key)",
 		Bound: envflag.Durations(100*time.Millisecond, time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryParkAfter, v) }},
-	{Env: "INBOX_RETENTION_PAYMENTS", Flag: "inbox-retention-payments", Meta: "DURATION", Use: useWorker,
-		Shown: settledFromTopic,
-		Usage: "how long a payment callback's idempotency key is remembered " +
-			"(unset: the topic's retention.ms + segment.ms + 1h, read at start)",
-		Bound: retentionBound,
-		Set:   func(c *Config, v string) error { return envflag.OptionalDuration(&c.InboxRetentionPayments, v) }},
-	{Env: "INBOX_RETENTION_SMS", Flag: "inbox-retention-sms", Meta: "DURATION", Use: useWorker,
-		Shown: settledFromTopic,
-		Usage: "how long an SMS event's idempotency key is remembered " +
-			"(unset: the topic's retention.ms + segment.ms + 1h, read at start)",
-		Bound: retentionBound,
-		Set:   func(c *Config, v string) error { return envflag.OptionalDuration(&c.InboxRetentionSMS, v) }},
 	{Env: "BATCH_SIZE", Flag: "batch-size", Default: "256", Meta: "N", Use: useWorker,
 		Usage: "most messages of one partition applied in one transaction (1: a transaction per message)",
 		Bound: envflag.Counts(1, 10000),
@@ -178,14 +156,6 @@ var settings = []*setting{
 		Usage: "most messages of one partition fetched and not yet committed",
 		Bound: envflag.Counts(1, 10000),
 		Set:   func(c *Config, v string) error { return envflag.Positive(&c.MaxInFlight, v) }},
-	{Env: "PAYMENTS_CONCURRENCY", Flag: "payments-concurrency", Default: "4", Meta: "N", Use: useWorker,
-		Usage: "most payment transactions (batches) at once, across partitions; each holds a database connection",
-		Bound: envflag.Counts(1, 1000),
-		Set:   func(c *Config, v string) error { return envflag.Positive(&c.PaymentsConcurrency, v) }},
-	{Env: "SMS_CONCURRENCY", Flag: "sms-concurrency", Default: "128", Meta: "N", Use: useWorker,
-		Usage: "most SMS being sent at once, across partitions",
-		Bound: envflag.Counts(1, 10000),
-		Set:   func(c *Config, v string) error { return envflag.Positive(&c.SMSConcurrency, v) }},
 	{Env: "HTTP_ADDR", Flag: "http-addr", Default: ":8080", Meta: "ADDR", Use: useWorker,
 		Usage: "address of /metrics, /healthz and /readyz",
 		Set:   func(c *Config, v string) error { return envflag.Addr(&c.HTTPAddr, v) }},
@@ -259,26 +229,6 @@ func (c *Config) check(name func(env string) string) error {
 	if _, se := providerSender(c); se != nil {
 		se.Name = name(se.Name)
 		return se
-	}
-	return nil
-}
-
-// checkTopics checks the topics and their dead-letter topics against one another: two routes, and
-// no route consuming another's dead letters.
-func (c *Config) checkTopics(fail func(env, format string, args ...any) error) error {
-	topics := []struct{ env, topic string }{{"TOPIC_PAYMENTS", c.TopicPayments}, {"TOPIC_SMS", c.TopicSMS}}
-	if c.TopicPayments == c.TopicSMS {
-		return fail("TOPIC_SMS", "must differ from TOPIC_PAYMENTS (both are %q)", c.TopicSMS)
-	}
-	for i, t := range topics {
-		other := topics[1-i]
-		if other.topic == t.topic+c.DLQSuffix {
-			return fail(other.env, "%q is the dead-letter topic of %s (DLQ_SUFFIX %q)", other.topic, t.env, c.DLQSuffix)
-		}
-		if n := len(t.topic + c.DLQSuffix); n > startup.MaxTopicName {
-			return fail("DLQ_SUFFIX", "%s + DLQ_SUFFIX is %d characters, more than a topic name's %d",
-				t.env, n, startup.MaxTopicName)
-		}
 	}
 	return nil
 }

@@ -205,7 +205,7 @@ var contractDefaults = map[string]string{
 
 func TestDefaults(t *testing.T) {
 	t.Parallel()
-	for _, s := range settings {
+	for _, s := range settingsOf(bundledRoutes) {
 		if s.Env == "" {
 			continue
 		}
@@ -220,15 +220,24 @@ func TestDefaults(t *testing.T) {
 	cfg := parseConfig(t, nil, "run")
 	want := Config{
 		KafkaBrokers: []string{"127.0.0.1:9092"}, KafkaGroupID: "inboxworker", KafkaSessionTimeout: 10 * time.Second,
-		DatabaseURL:   "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-		TopicPayments: "payments.callbacks", TopicSMS: "notifications.sms", DLQSuffix: ".dlq",
+		DatabaseURL: "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+		Routes: map[string]*routeSettings{
+			paymentsInbox: {Topic: "payments.callbacks", Concurrency: 4},
+			smsInbox:      {Topic: "notifications.sms", Concurrency: 128},
+		},
+		DLQSuffix:            ".dlq",
 		RetryInitialInterval: 200 * time.Millisecond, RetryMaxInterval: 30 * time.Second, RetryMaxElapsed: 5 * time.Minute, RetryParkAfter: 5 * time.Second,
 		BatchSize: 256, BatchWait: 5 * time.Millisecond, LagInterval: 5 * time.Second,
-		Ordering: "key", MaxInFlight: 256, PaymentsConcurrency: 4, SMSConcurrency: 128,
+		Ordering: "key", MaxInFlight: 256,
 		HTTPAddr: ":8080", ShutdownTimeout: 30 * time.Second, StartupTimeout: 15 * time.Second,
 		LogLevel: slog.LevelInfo, LogFormat: "json", DevKafkaAddr: "127.0.0.1:9092",
 	}
-	cfg.resolved, cfg.used = nil, nil
+	for name, r := range want.Routes {
+		if got := *cfg.route(name); got != *r {
+			t.Errorf("route %s defaults to %+v, want %+v", name, got, *r)
+		}
+	}
+	cfg.resolved, cfg.used, cfg.routes, cfg.settings, cfg.Routes, want.Routes = nil, nil, nil, nil, nil, nil
 	if got, want := fmt.Sprintf("%+v", *cfg), fmt.Sprintf("%+v", want); got != want {
 		t.Errorf("defaults:\n got %s\nwant %s", got, want)
 	}
@@ -237,11 +246,11 @@ func TestDefaults(t *testing.T) {
 // parseConfig resolves the configuration of command from env and args as Main would.
 func parseConfig(t *testing.T, env map[string]string, command string, args ...string) *Config {
 	t.Helper()
-	fs := envflag.NewSet(command, findCommand(command).selected())
+	fs := envflag.NewSet(command, findCommand(command).selected(settingsOf(bundledRoutes)))
 	if _, err := fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := resolve(fs, func(k string) string { return env[k] })
+	cfg, err := resolve(fs, func(k string) string { return env[k] }, bundledRoutes, settingsOf(bundledRoutes))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +311,7 @@ func TestHelp(t *testing.T) {
 			if !strings.HasPrefix(r.stdout, "Usage: worker "+c.name) {
 				t.Errorf("no usage line:\n%s", r.stdout)
 			}
-			checkFlagsListed(t, r.stdout, c.selected(), c.defaults)
+			checkFlagsListed(t, r.stdout, c.selected(settingsOf(bundledRoutes)), c.defaults)
 			if same := runMain(t, nil, "help", c.name); same.stdout != r.stdout {
 				t.Errorf("worker help %s differs from worker %s --help", c.name, c.name)
 			}
@@ -339,7 +348,7 @@ func TestStartupLogMasksSecrets(t *testing.T) {
 		"KAFKA_SASL_MECHANISM": "scram-sha-512", "KAFKA_USERNAME": "app", "KAFKA_PASSWORD": "kafka-s3cret",
 		"SMS_PROVIDER_URL": "https://sms.example/send", "SMS_PROVIDER_TOKEN": "token-s3cret",
 	}, "run")
-	cfg.used = findCommand("run").selected()
+	cfg.used = findCommand("run").selected(settingsOf(bundledRoutes))
 	var out bytes.Buffer
 	logStart(context.Background(), slog.New(slog.NewJSONHandler(&out, nil)), "run", cfg)
 	if strings.Contains(out.String(), "s3cret") {
@@ -358,14 +367,15 @@ func TestStartupLogMasksSecrets(t *testing.T) {
 // each command listed its settings by name).
 func TestEverySettingIsRead(t *testing.T) {
 	t.Parallel()
-	read := map[*setting]bool{}
+	read := map[string]bool{}
+	all := settingsOf(bundledRoutes)
 	for _, c := range commands() {
-		for _, s := range c.selected() {
-			read[s] = true
+		for _, s := range c.selected(all) {
+			read[s.Env+s.Flag] = true
 		}
 	}
-	for _, s := range settings {
-		if !read[s] {
+	for _, s := range all {
+		if !read[s.Env+s.Flag] {
 			t.Errorf("no command reads %s (--%s)", s.Env, s.Flag)
 		}
 	}

@@ -39,7 +39,7 @@ func runDemo(ctx context.Context, a *app, cfg *Config, _ []string) error {
 	if cfg.explicit("DEV_KAFKA_ADDR") {
 		addr = cfg.DevKafkaAddr
 	}
-	broker, err := devbroker.Start(ctx, addr, topics(cfg), cfg.DLQSuffix, logger)
+	broker, err := devbroker.Start(ctx, addr, cfg.topics(), cfg.DLQSuffix, logger)
 	if err != nil {
 		return err
 	}
@@ -83,7 +83,7 @@ func playDemo(ctx context.Context, a *app, cfg *Config, logger *slog.Logger, bro
 
 	fmt.Fprintf(a.stdout, "Demo: embedded Kafka broker on %s, Postgres schema %s (recreated).\n", brokerAddr, demo.Schema)
 	scenario := demo.Config{Broker: brokerAddr, Partitions: devbroker.Partitions, GroupID: cfg.KafkaGroupID,
-		TopicPayments: cfg.TopicPayments, TopicSMS: cfg.TopicSMS, DLQSuffix: cfg.DLQSuffix,
+		TopicPayments: cfg.topic(paymentsInbox), TopicSMS: cfg.topic(smsInbox), DLQSuffix: cfg.DLQSuffix,
 		PaymentsInbox: paymentsInbox, Pool: pool, Metrics: w.registry, Out: a.stdout}
 	outcomes, err := demo.Play(ctx, scenario)
 	stopWorker()

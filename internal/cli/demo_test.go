@@ -31,7 +31,7 @@ func TestDemoAgainstTheTopics(t *testing.T) {
 	dbURL := freshDatabase(t)
 	cfg := parseConfig(t, map[string]string{"DATABASE_URL": dbURL, "HTTP_ADDR": "127.0.0.1:0"}, "demo")
 	log := testlog.New(t)
-	broker, err := devbroker.Start(t.Context(), "127.0.0.1:0", topics(cfg), cfg.DLQSuffix, log)
+	broker, err := devbroker.Start(t.Context(), "127.0.0.1:0", cfg.topics(), cfg.DLQSuffix, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestDemoAgainstTheTopics(t *testing.T) {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
 	cluster := &kafkatest.Cluster{Cluster: broker.Cluster, Addr: broker.Addr}
-	for _, topic := range []string{cfg.TopicPayments, cfg.TopicSMS} {
+	for _, topic := range cfg.topics() {
 		received, dead := 0, 0
 		reasons := map[string]int{}
 		for p := range devbroker.Partitions {

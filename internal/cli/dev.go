@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/inboxworker/inboxworker/internal/devbroker"
 )
@@ -27,7 +28,7 @@ func dev(ctx context.Context, a *app, cfg *Config, _ []string) error {
 		_ = cfg.override("LOG_FORMAT", "text") // worker dev is watched by a person, as the demo is
 	}
 	logger := newLogger(cfg, a.stderr)
-	broker, err := devbroker.Start(ctx, cfg.DevKafkaAddr, topics(cfg), cfg.DLQSuffix, logger)
+	broker, err := devbroker.Start(ctx, cfg.DevKafkaAddr, cfg.topics(), cfg.DLQSuffix, logger)
 	if err != nil {
 		return err
 	}
@@ -46,7 +47,7 @@ func dev(ctx context.Context, a *app, cfg *Config, _ []string) error {
 // printHowTo tells the person running worker dev how to produce to the embedded broker.
 func printHowTo(w io.Writer, addr string, cfg *Config) {
 	fmt.Fprintf(w, `Embedded Kafka broker listening on %[1]s (in memory: its messages go when the worker stops).
-Topics: %[2]s, %[3]s (and %[2]s%[4]s, %[3]s%[4]s for dead letters), %[5]d partitions each.
+Topics: %[6]s (each with its dead-letter topic, topic%[4]s), %[5]d partitions each.
 
 Produce with any Kafka client, e.g. kcat:
   echo '{"event_id":"evt-1","order_no":"A-1","provider":"alipay","provider_txn_id":"T-1","amount":"99.90","currency":"CNY","result":"SUCCESS","paid_at":"2025-01-01T12:00:00Z"}' \
@@ -56,5 +57,6 @@ Produce with any Kafka client, e.g. kcat:
 Read the dead letters with:
   kcat -C -b %[1]s -t %[2]s%[4]s -f '%%k %%h %%s\n'
 
-`, addr, cfg.TopicPayments, cfg.TopicSMS, cfg.DLQSuffix, devbroker.Partitions)
+`, addr, cfg.topic(paymentsInbox), cfg.topic(smsInbox), cfg.DLQSuffix, devbroker.Partitions,
+		strings.Join(cfg.topics(), ", "))
 }

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/consumer"
-	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 	"github.com/inboxworker/inboxworker/internal/testlog"
@@ -73,15 +73,10 @@ func TestReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(down.Close)
-	store, err := inbox.NewStore(db.Pool, inbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	notStarted, err := consumer.New(consumer.Config{
-		Brokers:     []string{"127.0.0.1:1"},
-		Routes:      []consumer.Route{{Topic: "t", Name: "t", Handler: nopHandler{}}},
-		Store:       store,
-		DeadLetters: deadletter.NewStore(db.Pool),
+	notStarted, err := inboxworker.New(inboxworker.Config{
+		Brokers: []string{"127.0.0.1:1"},
+		Pool:    db.Pool,
+		Routes:  []inboxworker.Route{{Topic: "t", Name: "t", Handler: nopHandler{}}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +90,7 @@ func TestReady(t *testing.T) {
 		{"PostgresDown", down, "postgres: not answering"},
 		{"NotJoined", db.Pool, "kafka: not joined to the consumer group yet"},
 	} {
-		w := &worker{pool: tt.pool, consumer: notStarted}
+		w := &worker{pool: tt.pool, worker: notStarted}
 		if err := w.ready(ctx); err == nil || err.Error() != tt.want {
 			t.Errorf("%s: ready() = %v, want %q", tt.name, err, tt.want)
 		}

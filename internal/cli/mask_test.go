@@ -14,7 +14,7 @@ func TestStartupLogMasksEveryURL(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{}
 	var urls []string
-	for _, s := range settings {
+	for _, s := range settingsOf(bundledRoutes) {
 		switch {
 		case s.Env == "" || s.Meta != "URL":
 			continue
@@ -29,7 +29,7 @@ func TestStartupLogMasksEveryURL(t *testing.T) {
 		t.Fatalf("URL settings %v: want DATABASE_URL and SMS_PROVIDER_URL at least", urls)
 	}
 	cfg := parseConfig(t, env, "run")
-	cfg.used = findCommand("run").selected()
+	cfg.used = findCommand("run").selected(settingsOf(bundledRoutes))
 	var out bytes.Buffer
 	logStart(context.Background(), slog.New(slog.NewJSONHandler(&out, nil)), "run", cfg)
 	if strings.Contains(out.String(), "s3cret") {

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
@@ -84,7 +83,7 @@ func TestParkedList(t *testing.T) {
 	t.Parallel()
 	e := setupPark(t)
 	head := e.park("payments.callbacks", "A-1001", 40, 30*time.Second, func(p *inbox.Parked) {
-		p.Attempts, p.Reason, p.LastError, p.BudgetSpent = 3, fault.UnknownOrder, "no order A-1001", 70*time.Second
+		p.Attempts, p.Reason, p.LastError, p.BudgetSpent = 3, reasonUnknownOrder, "no order A-1001", 70*time.Second
 	})
 	behind := e.park("payments.callbacks", "A-1001", 41, 0, nil)
 	e.park("notifications.sms", "+8613800138000", 7, 0, func(p *inbox.Parked) {
@@ -207,7 +206,7 @@ func TestParkedDeadLetter(t *testing.T) {
 	e := setupPark(t)
 	e.env["KAFKA_BROKERS"] = cluster.Addr
 	head := e.park("payments.callbacks", "A-1", 40, time.Hour, func(p *inbox.Parked) {
-		p.Attempts, p.Reason, p.LastError = 5, fault.UnknownOrder, "no order A-1"
+		p.Attempts, p.Reason, p.LastError = 5, reasonUnknownOrder, "no order A-1"
 	})
 	behind := e.park("payments.callbacks", "A-1", 41, 0, nil)
 

@@ -103,9 +103,8 @@ func TestSettleRetention(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Log(buf.String())
-			if cfg.InboxRetentionPayments != tt.payments || cfg.InboxRetentionSMS != tt.sms {
-				t.Errorf("settled payments %s, sms %s; want %s, %s",
-					cfg.InboxRetentionPayments, cfg.InboxRetentionSMS, tt.payments, tt.sms)
+			if got, sms := cfg.route(paymentsInbox).Retention, cfg.route(smsInbox).Retention; got != tt.payments || sms != tt.sms {
+				t.Errorf("settled payments %s, sms %s; want %s, %s", got, sms, tt.payments, tt.sms)
 			}
 			info := map[string]line{}
 			var warned []string

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,11 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/segmentio/kafka-go/sasl"
 
-	"github.com/inboxworker/inboxworker/internal/consumer"
-	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/notify"
-	"github.com/inboxworker/inboxworker/internal/payment"
 	"github.com/inboxworker/inboxworker/internal/redact"
 	"github.com/inboxworker/inboxworker/internal/startup"
 	"github.com/inboxworker/inboxworker/migrations"
@@ -51,54 +49,6 @@ func logStart(ctx context.Context, logger *slog.Logger, command string, cfg *Con
 		slog.Attr{Key: "config", Value: slog.GroupValue(cfg.startupAttrs()...)})
 }
 
-// A route is one consumed topic and all that is wired to it, in one place: its inbox name (keys
-// are unique per name), how long its keys are remembered and the setting that says so, and how its
-// handler is built.
-type route struct {
-	topic string
-	inbox string
-	// retention is the setting's field: 0 when unset, until checkKafka settles it from the topic.
-	retention        *time.Duration
-	retentionSetting string
-	// concurrency is the most of its transactions (or calls) at once, across partitions.
-	concurrency int
-	handler     func(cfg *Config, logger *slog.Logger) (any, error) // a consumer.Handler or CallHandler
-}
-
-// paymentsInbox is the inbox name of the payment callbacks, which the demo's summary reads.
-const paymentsInbox = "payments"
-
-// routes are the worker's routes.
-func routes(cfg *Config) []route {
-	return []route{
-		{topic: cfg.TopicPayments, inbox: paymentsInbox,
-			retention: &cfg.InboxRetentionPayments, retentionSetting: "INBOX_RETENTION_PAYMENTS",
-			concurrency: cfg.PaymentsConcurrency,
-			handler: func(_ *Config, logger *slog.Logger) (any, error) {
-				return payment.NewHandler(payment.Config{Logger: logger})
-			}},
-		{topic: cfg.TopicSMS, inbox: "sms",
-			retention: &cfg.InboxRetentionSMS, retentionSetting: "INBOX_RETENTION_SMS",
-			concurrency: cfg.SMSConcurrency,
-			handler: func(cfg *Config, logger *slog.Logger) (any, error) {
-				sender, err := smsSender(cfg, logger)
-				if err != nil {
-					return nil, err
-				}
-				return notify.NewHandler(notify.Config{Sender: sender, Logger: logger})
-			}},
-	}
-}
-
-// topics are the routes' topics.
-func topics(cfg *Config) []string {
-	var out []string
-	for _, r := range routes(cfg) {
-		out = append(out, r.topic)
-	}
-	return out
-}
-
 type workerOptions struct {
 	// schema, when set, is the Postgres schema the worker works in (search_path).
 	schema string
@@ -108,16 +58,14 @@ type workerOptions struct {
 	serveHTTP bool
 }
 
-// worker is the assembled process: a database pool, the inbox, the handlers behind the consumer,
-// and the HTTP endpoints.
+// worker is the assembled process: a database pool, the routes behind the worker of package
+// inboxworker, and the HTTP endpoints.
 type worker struct {
 	cfg       *Config
 	logger    *slog.Logger
 	pool      *pgxpool.Pool
-	store     *inbox.Store
-	consumer  *consumer.Consumer
+	worker    *inboxworker.Worker
 	registry  *prometheus.Registry
-	metrics   *consumer.Metrics
 	anomalies *anomalyGauge
 	ops       *opsServer
 }
@@ -137,7 +85,6 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
-	w.metrics = consumer.NewMetrics(w.registry)
 	w.anomalies = newAnomalyGauge(w.registry)
 	w.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "inboxworker_ready",
@@ -168,31 +115,27 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 // checkKafka waits up to STARTUP_TIMEOUT for the brokers, warns about the routes' topics that do
 // not exist, and settles the routes' inbox retentions against their topics' (in cfg).
 func checkKafka(ctx context.Context, cfg *Config, logger *slog.Logger) error {
-	rs := routes(cfg)
-	topics := make([]startup.Topic, len(rs))
-	for i, r := range rs {
-		topics[i] = startup.Topic{Name: r.topic, InboxRetention: *r.retention, RetentionSetting: r.retentionSetting}
+	topics := make([]startup.Topic, len(cfg.routes))
+	for i, r := range cfg.routes {
+		topics[i] = startup.Topic{Name: cfg.topic(r.name), InboxRetention: cfg.route(r.name).Retention,
+			RetentionSetting: "INBOX_RETENTION_" + strings.ToUpper(r.name)}
 	}
 	if err := startup.CheckKafka(ctx, kafkaOf(cfg, logger), topics); err != nil {
 		return err
 	}
-	for i, r := range rs {
-		*r.retention = topics[i].InboxRetention
+	for i, r := range cfg.routes {
+		cfg.route(r.name).Retention = topics[i].InboxRetention
 	}
 	return nil
 }
 
-// wire checks the routes' topics, then builds the inbox, the handlers and the consumer.
+// wire checks the routes' topics, then builds the handlers and the worker of package inboxworker.
 func (w *worker) wire(ctx context.Context) error {
 	cfg, logger := w.cfg, w.logger
 	if err := checkKafka(ctx, cfg, logger); err != nil {
 		return err
 	}
-	consumed, retention, err := consumedRoutes(cfg, logger)
-	if err != nil {
-		return err
-	}
-	w.store, err = inbox.NewStore(w.pool, inbox.Config{Retention: retention, Logger: logger})
+	routes, err := cfg.workerRoutes(logger)
 	if err != nil {
 		return err
 	}
@@ -200,65 +143,51 @@ func (w *worker) wire(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w.consumer, err = consumer.New(w.consumerConfig(consumed, mechanism, tlsConfig))
+	w.worker, err = inboxworker.New(w.workerConfig(routes, mechanism, tlsConfig))
 	return err
 }
 
-// consumedRoutes are the routes as the consumer takes them, their handlers built, and the inbox
-// retention of each, by inbox name.
-func consumedRoutes(cfg *Config, logger *slog.Logger) ([]consumer.Route, map[string]time.Duration, error) {
-	retention := map[string]time.Duration{}
-	var consumed []consumer.Route
-	for _, r := range routes(cfg) {
-		h, err := r.handler(cfg, logger)
-		if err != nil {
-			return nil, nil, err
-		}
-		retention[r.inbox] = *r.retention
-		consumed = append(consumed, consumer.Route{Topic: r.topic, Name: r.inbox, Handler: h,
-			Concurrency: r.concurrency})
-	}
-	return consumed, retention, nil
-}
-
-// consumerConfig is the consumer's configuration: the settings, with the parts already built. Every
-// value the settings' bounds allow passes the consumer's validation, whose errors name its fields,
+// workerConfig is the worker's configuration: the settings, with the parts already built. Every
+// value the settings' bounds allow passes the worker's validation, whose errors name its fields,
 // not the settings.
-func (w *worker) consumerConfig(consumed []consumer.Route, mechanism sasl.Mechanism, tlsConfig *tls.Config) consumer.Config {
+func (w *worker) workerConfig(routes []inboxworker.Route, mechanism sasl.Mechanism, tlsConfig *tls.Config) inboxworker.Config {
 	cfg := w.cfg
-	return consumer.Config{
+	var registerer prometheus.Registerer
+	if w.registry != nil {
+		registerer = w.registry
+	}
+	return inboxworker.Config{
 		Brokers:        cfg.KafkaBrokers,
 		GroupID:        cfg.KafkaGroupID,
-		Routes:         consumed,
 		SASL:           mechanism,
 		TLS:            tlsConfig,
 		SessionTimeout: cfg.KafkaSessionTimeout,
+		Pool:           w.pool,
+		Routes:         routes,
 		DLQSuffix:      cfg.DLQSuffix,
-		Retry: consumer.Retry{
+		Retry: inboxworker.Retry{
 			InitialInterval: cfg.RetryInitialInterval,
 			MaxInterval:     cfg.RetryMaxInterval,
 			MaxElapsed:      cfg.RetryMaxElapsed,
 		},
-		Ordering:        ordering(cfg.Ordering),
 		ParkAfter:       cfg.RetryParkAfter,
+		Ordering:        ordering(cfg.Ordering),
 		MaxInFlight:     cfg.MaxInFlight,
 		BatchSize:       cfg.BatchSize,
 		BatchWait:       cfg.BatchWait,
-		LagInterval:     cfg.LagInterval,
 		ShutdownTimeout: drainTimeout(cfg.ShutdownTimeout),
-		Store:           w.store,
-		DeadLetters:     deadletter.NewStore(w.pool),
-		Metrics:         w.metrics,
+		LagInterval:     cfg.LagInterval,
+		Registerer:      registerer,
 		Logger:          w.logger,
 	}
 }
 
-// ordering is ORDERING's value for the consumer.
-func ordering(v string) consumer.Ordering {
+// ordering is ORDERING's value for the worker.
+func ordering(v string) inboxworker.Ordering {
 	if v == "partition" {
-		return consumer.ByPartition
+		return inboxworker.ByPartition
 	}
-	return consumer.ByKey
+	return inboxworker.ByKey
 }
 
 // postgres is where the commands find the database.
@@ -316,7 +245,7 @@ func (w *worker) ready(ctx context.Context) error {
 	if err := w.pool.Ping(ctx); err != nil {
 		return errors.New("postgres: not answering")
 	}
-	if !w.consumer.Ready() {
+	if !w.worker.Ready() {
 		return errors.New("kafka: not joined to the consumer group yet")
 	}
 	return nil
@@ -324,7 +253,7 @@ func (w *worker) ready(ctx context.Context) error {
 
 // readyValue is the inboxworker_ready gauge, read at each scrape: /readyz as a metric, for alerts.
 func (w *worker) readyValue() float64 {
-	if w.pool == nil || w.consumer == nil || (w.ops != nil && w.ops.stopping.Load()) {
+	if w.pool == nil || w.worker == nil || (w.ops != nil && w.ops.stopping.Load()) {
 		return 0 // still starting, or stopping
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -347,7 +276,6 @@ func (w *worker) run(ctx context.Context) (err error) {
 		})
 	}
 	purgeCtx, stopPurge := context.WithCancel(ctx)
-	wg.Go(func() { w.store.RunPurger(purgeCtx, 0) }) // at the inbox's own interval
 	wg.Go(func() { w.anomalies.run(purgeCtx, w.pool, w.logger) })
 	stuck := false
 	defer func() {
@@ -363,7 +291,7 @@ func (w *worker) run(ctx context.Context) (err error) {
 	}()
 
 	done := make(chan error, 1)
-	go func() { done <- w.consumer.Run(ctx) }()
+	go func() { done <- w.worker.Run(ctx) }()
 
 	select {
 	case err := <-done:

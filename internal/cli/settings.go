@@ -42,8 +42,9 @@ var (
 	url    = redact.URL
 )
 
-func lookupSetting(env string) *setting {
-	for _, s := range settings {
+// lookupSetting returns the setting of env, one of c's settings.
+func (c *Config) lookupSetting(env string) *setting {
+	for _, s := range c.settings {
 		if s.Env == env {
 			return s
 		}
@@ -51,16 +52,19 @@ func lookupSetting(env string) *setting {
 	panic("cli: no setting " + env)
 }
 
-// resolve resolves the settings of fs (see envflag.Set.Resolve), then checks them against one
-// another.
-func resolve(fs *envflag.Set[Config], getenv func(string) string) (*Config, error) {
-	c := &Config{}
-	r, err := fs.Resolve(c, settings, getenv)
+// resolve resolves the settings of fs (see envflag.Set.Resolve), all of the binary with routes,
+// then checks them against one another.
+func resolve(fs *envflag.Set[Config], getenv func(string) string, routes []routeRow, all []*setting) (*Config, error) {
+	c := &Config{routes: routes, settings: all}
+	for _, r := range routes {
+		c.route(r.name)
+	}
+	r, err := fs.Resolve(c, all, getenv)
 	if err != nil {
 		return nil, err
 	}
 	c.resolved = r
-	if err := c.check(func(env string) string { return lookupSetting(env).Name(r.FromFlag(env)) }); err != nil {
+	if err := c.check(func(env string) string { return c.lookupSetting(env).Name(r.FromFlag(env)) }); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -72,7 +76,7 @@ func (c *Config) explicit(env string) bool { return c.resolved.Explicit[env] }
 // override sets a setting to a value decided at run time (the address a broker bound, say), as
 // if it had been given, so that the startup line shows it.
 func (c *Config) override(env, raw string) error {
-	return envflag.Override(c, c.resolved, lookupSetting(env), raw)
+	return envflag.Override(c, c.resolved, c.lookupSetting(env), raw)
 }
 
 // parseTopic accepts a Kafka topic name (or a DLQ suffix, which follows the same rules).

@@ -75,7 +75,7 @@ func (rt *route) run(work context.Context, a attempt) result {
 	began, pausedBefore := time.Now(), rt.gate.paused()
 	r := result{failed: -1, ran: make([]int, len(a.msgs))}
 	switch {
-	case rt.caller != nil:
+	case rt.Call != nil:
 		r.outcomes, r.err = rt.call(ctx, a, &r)
 	case a.parked != nil:
 		r.outcomes, r.err = rt.applyParked(ctx, a, &r)
@@ -105,7 +105,7 @@ func (rt *route) apply(ctx context.Context, a attempt, r *result) ([]inbox.Outco
 	outcome, err := rt.store.Process(ctx, a.msgs[0], func(ctx context.Context, tx pgx.Tx) (err error) {
 		r.ran[0] = 1
 		defer recoverHandler(ctx, a.log, &err)
-		return rt.handler.Handle(ctx, tx, a.delivery(0))
+		return rt.Handler.Handle(ctx, tx, a.delivery(0))
 	})
 	return []inbox.Outcome{outcome}, err
 }
@@ -116,7 +116,7 @@ func (rt *route) applyParked(ctx context.Context, a attempt, r *result) ([]inbox
 	outcome, err := rt.store.ProcessParked(ctx, *a.parked, func(ctx context.Context, tx pgx.Tx) (err error) {
 		r.ran[0] = 1
 		defer recoverHandler(ctx, a.log, &err)
-		return rt.handler.Handle(ctx, tx, a.delivery(0))
+		return rt.Handler.Handle(ctx, tx, a.delivery(0))
 	})
 	return []inbox.Outcome{outcome}, err
 }
@@ -157,7 +157,7 @@ func (rt *route) applyBatch(ctx context.Context, a attempt, r *result) ([]inbox.
 	return outcomes, err
 }
 
-// call runs a CallHandler on a's one message in its three steps (see effect.CallHandler); a parked
+// call runs a CallHandler on a's one message in its three steps (see CallHandler); a parked
 // message leaves the park in the completion's transaction, or at once when its key is found
 // recorded.
 func (rt *route) call(ctx context.Context, a attempt, r *result) ([]inbox.Outcome, error) {
@@ -175,14 +175,14 @@ func (rt *route) call(ctx context.Context, a attempt, r *result) ([]inbox.Outcom
 		Lease: rt.CallLease,
 		Check: func(ctx context.Context, tx pgx.Tx) (err error) {
 			defer recoverHandler(ctx, a.log, &err)
-			return rt.caller.Check(ctx, tx, d)
+			return rt.Call.Check(ctx, tx, d)
 		},
 		Run: func(ctx context.Context, calls int) (_ inbox.Effect, err error) {
 			r.ran[0] = 1
 			defer recoverHandler(ctx, a.log, &err)
 			d := d
 			d.Attempt = max(d.Attempt, calls)
-			complete, err := rt.caller.Call(ctx, d)
+			complete, err := rt.Call.Call(ctx, d)
 			if err != nil {
 				return nil, err
 			}

@@ -16,7 +16,6 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
@@ -54,7 +53,7 @@ func (h *batchSpy) firstBatch() []string {
 // runBatch produces msgs to a one-partition topic, then consumes them with h in PerBatch mode,
 // with a BatchWait long enough for all of them to be fetched as one batch, until every offset is
 // committed.
-func runBatch(t *testing.T, h effect.Handler, msgs ...kafka.Message) (*env, consumer.Config) {
+func runBatch(t *testing.T, h consumer.Handler, msgs ...kafka.Message) (*env, consumer.Config) {
 	t.Helper()
 	e := setup(t, testMode{tx: consumer.PerBatch}, 1)
 	e.kafka.Produce(t, topic, msgs...)

@@ -18,7 +18,6 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/testlog"
@@ -47,7 +46,7 @@ func (h *caller) Check(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
 	return nil
 }
 
-func (h *caller) Call(ctx context.Context, d inbox.Delivery) (effect.Completion, error) {
+func (h *caller) Call(ctx context.Context, d inbox.Delivery) (inbox.Effect, error) {
 	h.mu.Lock()
 	h.calls[d.Key]++
 	h.inFlight[d.Key]++
@@ -78,9 +77,9 @@ func (h *caller) callsOf(key string) int {
 }
 
 // callConfig is the test configuration with h as the route's handler.
-func (e *env) callConfig(h effect.CallHandler) consumer.Config {
+func (e *env) callConfig(h consumer.CallHandler) consumer.Config {
 	config := e.config(&recorder{})
-	config.Routes[0].Handler = h
+	config.Routes[0].Handler, config.Routes[0].Call = nil, h
 	return config
 }
 
@@ -100,7 +99,7 @@ func TestCallHandler(t *testing.T) {
 	h := newCaller(func(ctx context.Context, d inbox.Delivery) error {
 		switch d.Key {
 		case "rejected":
-			return fault.Permanent(fault.ProviderRejected, rejected)
+			return fault.Permanent(reasonProviderRejected, rejected)
 		case "busy":
 			if d.Attempt == 1 {
 				return fault.Retryable(errors.New("busy, try again"))
@@ -312,12 +311,20 @@ func newPool(t *testing.T, databaseURL string, maxConns int32) (*pgxpool.Pool, s
 	return pool, app
 }
 
-func TestNewRejectsAnythingButAHandler(t *testing.T) {
+func TestNewNeedsOneHandler(t *testing.T) {
 	t.Parallel()
-	config := testConfig("127.0.0.1:1", lazyPool(t), &inbox.Store{}, &recorder{}, testMode{consumer.PerMessage, consumer.ByKey}, nil)
-	config.Routes[0].Handler = "a string"
-	if _, err := consumer.New(config); err == nil || !strings.Contains(err.Error(), "Config.Routes[0].Handler is a string") {
-		t.Fatalf("New: %v; want an error naming Config.Routes[0].Handler and its type", err)
+	for _, c := range []struct {
+		name string
+		set  func(r *consumer.Route)
+	}{
+		{"Neither", func(r *consumer.Route) { r.Handler = nil }},
+		{"Both", func(r *consumer.Route) { r.Call = newCaller(nil) }},
+	} {
+		config := testConfig("127.0.0.1:1", lazyPool(t), &inbox.Store{}, &recorder{}, testMode{consumer.PerMessage, consumer.ByKey}, nil)
+		c.set(&config.Routes[0])
+		if _, err := consumer.New(config); err == nil || !strings.Contains(err.Error(), "Config.Routes[0] needs a Handler or a Call") {
+			t.Errorf("%s: New: %v; want an error naming Config.Routes[0]", c.name, err)
+		}
 	}
 }
 

@@ -44,7 +44,6 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
@@ -106,15 +105,24 @@ type Observer interface {
 	Committed(topic string, partition int, offset int64)
 }
 
-// Route binds a topic to its handler.
+// Route binds a topic to its handler: a Handler (a BatchHandler among them) or a CallHandler,
+// exactly one of them.
 type Route struct {
 	// Topic is the Kafka topic to consume. Required.
 	Topic string
 	// Name is the handler's name in the inbox ("payments", "sms"): keys are unique per name. Required.
 	Name string
-	// Handler applies the topic's messages: an effect.Handler (an effect.BatchHandler among them)
-	// or an effect.CallHandler. Required.
-	Handler any
+	// Handler applies the topic's messages in the transaction of their inbox rows. Required unless
+	// Call is set.
+	Handler Handler
+	// Call applies the topic's messages by a call to another service, with no transaction open.
+	// Required unless Handler is set.
+	Call CallHandler
+	// CallLease is how long the lease on a key lasts while a call of the route is out: the call gets
+	// two thirds of it, and the last third covers a request the other service may still be working
+	// on after the worker gave up. It is also how long a message waits, after the process calling
+	// for it died, before it is called again. Call routes only. Defaults to 15s.
+	CallLease time.Duration
 	// IdempotencyKey takes a message's idempotency key, or says why it has none (the reason its dead
 	// letter gets). Defaults to IdempotencyKey, the contract's rule: the Idempotency-Key header, else
 	// X-Idempotent-Key, else the JSON member event_id.
@@ -122,17 +130,13 @@ type Route struct {
 	// Concurrency is the most messages of the route, across all its partitions, whose handlers run
 	// at once, each in its transaction; a message waiting to be retried keeps its place. A batch
 	// applied in one transaction counts once. It keeps a provider, or the database pool, from being
-	// overwhelmed. A retryable error with a RetryAfter (a 429) pauses the whole route: nothing of
-	// it starts until then. Defaults to 4: a route that does not say is taken for a database-only
-	// one, about a transaction per connection of a small pool.
+	// overwhelmed. Defaults to 4: a route that does not say is taken for a database-only one, about
+	// a transaction per connection of a small pool.
 	Concurrency int
-	// CallLease is how long the lease on a key lasts while a call of a CallHandler route is out:
-	// the call gets two thirds of it, and the last third covers a request the other service may
-	// still be working on after the worker gave up. It is also how long a message waits, after
-	// the process calling for it died, before it is called again. CallHandler routes only.
-	// Defaults to effect.CallLease (15s).
-	CallLease time.Duration
 }
+
+// DefaultCallLease is Route.CallLease's default.
+const DefaultCallLease = 15 * time.Second
 
 // Retry configures the backoff for retryable errors.
 type Retry struct {
@@ -286,7 +290,7 @@ func New(config Config) (*Consumer, error) {
 	config.Routes = append([]Route(nil), config.Routes...) // the caller's slice may change later
 	for i := range config.Routes {
 		config.Routes[i].Concurrency = cmp.Or(config.Routes[i].Concurrency, defaultConcurrency)
-		config.Routes[i].CallLease = cmp.Or(config.Routes[i].CallLease, effect.CallLease)
+		config.Routes[i].CallLease = cmp.Or(config.Routes[i].CallLease, DefaultCallLease)
 	}
 	if err := config.validate(); err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
@@ -334,10 +338,8 @@ func (config *Config) validate() error {
 			return fmt.Errorf("Config.Routes[%d].Topic is required", i)
 		case r.Name == "":
 			return fmt.Errorf("Config.Routes[%d].Name is required", i)
-		case r.Handler == nil:
-			return fmt.Errorf("Config.Routes[%d].Handler is required", i)
-		case !isHandler(r.Handler):
-			return fmt.Errorf("Config.Routes[%d].Handler is a %T, neither an effect.Handler nor an effect.CallHandler", i, r.Handler)
+		case (r.Handler == nil) == (r.Call == nil):
+			return fmt.Errorf("Config.Routes[%d] needs a Handler or a Call, and not both", i)
 		case topics[r.Topic]:
 			return fmt.Errorf("Config.Routes[%d].Topic %q is routed twice", i, r.Topic)
 		case r.Concurrency < 1:

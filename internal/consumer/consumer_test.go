@@ -103,9 +103,9 @@ func TestRetry(t *testing.T) {
 		{
 			name:        "RetriesExhaustedWithReason",
 			wantRetries: -1,
-			fail:        func(int) error { return fault.RetryableUntil(fault.UnknownOrder, errBoom) },
+			fail:        func(int) error { return fault.RetryableUntil(reasonUnknownOrder, errBoom) },
 			maxElapsed:  time.Second, // time for a retry or more even when an attempt is slow
-			wantReason:  fault.UnknownOrder,
+			wantReason:  reasonUnknownOrder,
 			wantError:   "boom",
 		},
 		{
@@ -407,7 +407,7 @@ func TestNewValidates(t *testing.T) {
 		{"NoRoutes", func(c *consumer.Config) { c.Routes = nil }, "Config.Routes"},
 		{"NoTopic", func(c *consumer.Config) { c.Routes[0].Topic = "" }, "Config.Routes[0].Topic"},
 		{"NoName", func(c *consumer.Config) { c.Routes[0].Name = "" }, "Config.Routes[0].Name"},
-		{"NoHandler", func(c *consumer.Config) { c.Routes[0].Handler = nil }, "Config.Routes[0].Handler"},
+		{"NoHandler", func(c *consumer.Config) { c.Routes[0].Handler = nil }, "Config.Routes[0] needs a Handler"},
 		{"TopicTwice", func(c *consumer.Config) { c.Routes = append(c.Routes, c.Routes[0]) }, "Config.Routes[1].Topic"},
 		{"ConsumesDLQ", func(c *consumer.Config) {
 			c.Routes = append(c.Routes, consumer.Route{Topic: dlqTopic, Name: "dlq", Handler: &recorder{}})

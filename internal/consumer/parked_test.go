@@ -38,7 +38,7 @@ func forEachParkingMode(t *testing.T, test func(t *testing.T, mode testMode)) {
 func unknownOrder(match func(key string) bool, exists *atomic.Bool) func(inbox.Delivery) error {
 	return func(d inbox.Delivery) error {
 		if match(d.Key) && (exists == nil || !exists.Load()) {
-			return fault.RetryableUntil(fault.UnknownOrder, fmt.Errorf("no order for %s", d.Key))
+			return fault.RetryableUntil(reasonUnknownOrder, fmt.Errorf("no order for %s", d.Key))
 		}
 		return nil
 	}
@@ -537,7 +537,7 @@ func TestParkDrainsConcurrently(t *testing.T) {
 	var running, peak atomic.Int64
 	config := e.config(&recorder{fail: func(d inbox.Delivery) error {
 		if !exists.Load() {
-			return fault.RetryableUntil(fault.UnknownOrder, fmt.Errorf("no order for %s", d.Key))
+			return fault.RetryableUntil(reasonUnknownOrder, fmt.Errorf("no order for %s", d.Key))
 		}
 		n := running.Add(1)
 		defer running.Add(-1)

@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 	"github.com/inboxworker/inboxworker/internal/testlog"
@@ -76,7 +75,7 @@ func TestParkedDeadLetter(t *testing.T) {
 		Topic: "payments.callbacks", Partition: 2, Offset: 77, MessageKey: []byte("A-1"),
 		Value:    []byte(`{"event_id":"evt-9"}`),
 		Headers:  []inbox.Header{{Key: "Idempotency-Key", Value: []byte("evt-9")}, {Key: "dlq-reason", Value: []byte("old")}},
-		Attempts: 6, Reason: fault.UnknownOrder, LastError: "no order A-1",
+		Attempts: 6, Reason: reasonUnknownOrder, LastError: "no order A-1",
 	}
 	m := ParkedDeadLetter(p, ".dlq", "dead-lettered by an operator", at)
 	if m.Topic != "payments.callbacks.dlq" || string(m.Key) != "A-1" || string(m.Value) != string(p.Value) {

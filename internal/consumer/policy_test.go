@@ -22,7 +22,7 @@ func TestDecide(t *testing.T) {
 
 	errOops := errors.New("oops")
 	retryable := fault.Retryable(errors.New("provider answered 503"))
-	unknownOrder := fault.RetryableUntil(fault.UnknownOrder, errors.New("no order A-1"))
+	unknownOrder := fault.RetryableUntil(reasonUnknownOrder, errors.New("no order A-1"))
 	leaseHeld := fmt.Errorf("%w (another worker, for 14s more)", inbox.ErrLeaseHeld)
 	leaseHeld = &fault.Error{Kind: fault.KindRetryable, RetryAfter: 14 * time.Second, Err: leaseHeld}
 	open, paused := routeView{open: true}, routeView{open: false}
@@ -60,10 +60,10 @@ func TestDecide(t *testing.T) {
 			r: ran(retryable), route: open,
 			want: decision{action: retry, reason: fault.RetriesExhausted, delay: 8 * time.Second, charge: 8100 * time.Millisecond}},
 		{name: "Parked", h: history{attempts: 5, parked: true, spent: 30 * time.Second}, r: ran(unknownOrder), route: open,
-			want: decision{action: park, reason: fault.UnknownOrder, delay: 8 * time.Second, charge: 8100 * time.Millisecond}},
+			want: decision{action: park, reason: reasonUnknownOrder, delay: 8 * time.Second, charge: 8100 * time.Millisecond}},
 		// The budget spent: dead-lettered with the error's reason.
 		{name: "BudgetSpent", h: history{attempts: 9, parked: true, spent: 55 * time.Second}, r: ran(unknownOrder), route: open,
-			want: decision{action: deadLetter, reason: fault.UnknownOrder, charge: 8100 * time.Millisecond}},
+			want: decision{action: deadLetter, reason: reasonUnknownOrder, charge: 8100 * time.Millisecond}},
 		{name: "BudgetSpentRetriesExhausted", h: history{attempts: 9, spent: 55 * time.Second}, r: ran(retryable), route: open,
 			want: decision{action: deadLetter, reason: fault.RetriesExhausted, charge: 8100 * time.Millisecond}},
 		// A Retry-After makes the wait; the route is throttled for it; only the backoff is charged,
@@ -124,12 +124,12 @@ func TestHistoryNext(t *testing.T) {
 	first, second := errors.New("first"), errors.New("second")
 	h := history{}
 	h = h.next(result{err: first, ran: []int{1}, took: time.Second},
-		decision{action: retry, err: first, reason: fault.UnknownOrder, delay: 2 * time.Second, charge: 3 * time.Second}, now)
+		decision{action: retry, err: first, reason: reasonUnknownOrder, delay: 2 * time.Second, charge: 3 * time.Second}, now)
 	h = h.next(result{err: fault.Unavailable(errors.New("down")), ran: []int{0}},
 		decision{action: retry, err: errors.New("down"), wait: waitDatabase, delay: time.Second}, now.Add(time.Minute))
 	h = h.next(result{err: second, ran: []int{1}, took: time.Second},
-		decision{action: park, err: second, reason: fault.UnknownOrder, delay: 4 * time.Second, charge: 5 * time.Second}, now.Add(2*time.Minute))
-	want := history{attempts: 2, spent: 8 * time.Second, inPlace: 3*time.Second + time.Second, reason: fault.UnknownOrder,
+		decision{action: park, err: second, reason: reasonUnknownOrder, delay: 4 * time.Second, charge: 5 * time.Second}, now.Add(2*time.Minute))
+	want := history{attempts: 2, spent: 8 * time.Second, inPlace: 3*time.Second + time.Second, reason: reasonUnknownOrder,
 		first: first, last: second, firstAt: now}
 	if h != want {
 		t.Errorf("history %+v\nwant    %+v", h, want)

@@ -17,7 +17,6 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
@@ -92,12 +91,16 @@ func setupRetrier(t *testing.T) *retrierEnv {
 // configured by cc.
 func (e *retrierEnv) retrierOf(owner string, retry Retry, cc CircuitConfig, h any) *retrier {
 	e.t.Helper()
-	if h == nil {
-		h = e.handler
+	route := Route{Topic: parkTopic, Name: "payments", Handler: e.handler}
+	switch h := h.(type) {
+	case CallHandler:
+		route.Handler, route.Call = nil, h
+	case Handler:
+		route.Handler = h
 	}
 	log := testlog.New(e.t).With("retrier", owner)
 	c, err := New(Config{
-		Brokers: []string{e.kafka.Addr}, Routes: []Route{{Topic: parkTopic, Name: "payments", Handler: h}},
+		Brokers: []string{e.kafka.Addr}, Routes: []Route{route},
 		Retry: retry, ParkLease: time.Minute, Circuit: cc, Store: e.store,
 		DeadLetters: deadletter.NewStore(e.db.Pool), Metrics: e.metrics, Logger: log,
 	})
@@ -148,7 +151,7 @@ func (e *retrierEnv) park(orderKey string, offset int64) {
 	ctx := context.Background()
 	behind, err := e.keys.parkBehind(ctx, p)
 	if err == nil && !behind {
-		p.Attempts, p.Reason, p.LastError, p.FirstFailedAt = 1, fault.UnknownOrder, "no order", time.Now()
+		p.Attempts, p.Reason, p.LastError, p.FirstFailedAt = 1, reasonUnknownOrder, "no order", time.Now()
 		err = e.keys.park(ctx, p, 0)
 	}
 	if err != nil {
@@ -280,7 +283,7 @@ func TestRetrierBudgetRunsOut(t *testing.T) {
 	e := setupRetrier(t)
 	e.handler.fail = func(d inbox.Delivery) error {
 		if d.Key == "A@1" {
-			return fault.RetryableUntil(fault.UnknownOrder, errors.New("no order A"))
+			return fault.RetryableUntil(reasonUnknownOrder, errors.New("no order A"))
 		}
 		return nil
 	}
@@ -295,7 +298,7 @@ func TestRetrierBudgetRunsOut(t *testing.T) {
 		t.Fatalf("%d dead letters, want 1", len(letters))
 	}
 	l := letters[0]
-	if l.Reason != fault.UnknownOrder || l.Error != "no order A" || l.Attempts < 3 {
+	if l.Reason != reasonUnknownOrder || l.Error != "no order A" || l.Attempts < 3 {
 		t.Errorf("dead letter: reason %s, error %q, attempts %d; want unknown_order, its error, several attempts", l.Reason, l.Error, l.Attempts)
 	}
 	if l.Topic != parkTopic || l.Partition != parkPartition || l.Offset != 1 || string(l.m.Key) != "A" ||
@@ -588,7 +591,7 @@ type callRecorder struct {
 
 func (h *callRecorder) Check(context.Context, pgx.Tx, inbox.Delivery) error { return nil }
 
-func (h *callRecorder) Call(_ context.Context, d inbox.Delivery) (effect.Completion, error) {
+func (h *callRecorder) Call(_ context.Context, d inbox.Delivery) (inbox.Effect, error) {
 	h.mu.Lock()
 	h.calls = append(h.calls, d.Key)
 	h.mu.Unlock()

@@ -1,22 +1,42 @@
 package consumer
 
 import (
+	"context"
 	"log/slog"
 	"time"
 
-	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/jackc/pgx/v5"
 )
+
+// Handler applies one message's effect through tx, the transaction that also writes the message's
+// inbox row: both commit, or neither. It is the package inboxworker's Handler, with the inbox's
+// Delivery: that package adapts its handlers to these.
+type Handler interface {
+	Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error
+}
+
+// BatchHandler is a Handler that can also apply several messages of one partition in one
+// transaction (see inboxworker.BatchHandler).
+type BatchHandler interface {
+	Handler
+	HandleBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery) []error
+}
+
+// CallHandler applies messages whose effect is a call to another service, in the three steps of
+// inbox.Store.ProcessCall (see inboxworker.CallHandler).
+type CallHandler interface {
+	Check(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error
+	Call(ctx context.Context, d inbox.Delivery) (inbox.Effect, error)
+}
 
 // route is a Route as the consumer runs it, shared by its partitions: its handler by kind, its
 // gate (gate.go) and its retry policy (policy.go).
 type route struct {
 	Route
-	// Exactly one of handler and caller is set. batcher is handler as a BatchHandler when the
-	// route applies batches in one transaction (Config.Transactions PerBatch), else nil.
-	handler effect.Handler
-	batcher effect.BatchHandler
-	caller  effect.CallHandler
+	// batcher is Handler as a BatchHandler when the route applies batches in one transaction
+	// (Config.Transactions PerBatch), else nil.
+	batcher BatchHandler
 
 	gate   *gate
 	policy policy
@@ -35,14 +55,8 @@ func newRoute(r Route, config *Config, log *slog.Logger) (*route, error) {
 		policy: policy{retry: config.Retry, parkAfter: config.ParkAfter, parks: config.Ordering == ByKey,
 			jitter: backoffJitter},
 	}
-	switch h := r.Handler.(type) {
-	case effect.CallHandler:
-		rt.caller = h
-	case effect.Handler:
-		rt.handler = h
-		if b, ok := h.(effect.BatchHandler); ok && config.Transactions == PerBatch {
-			rt.batcher = b
-		}
+	if b, ok := r.Handler.(BatchHandler); ok && config.Transactions == PerBatch {
+		rt.batcher = b
 	}
 	cc := config.Circuit
 	cc.Now, cc.OnChange = nil, nil
@@ -68,13 +82,4 @@ func (rt *route) inboxMessage(partition int, offset int64, key string, value []b
 		Partition:   int32(partition),
 		Offset:      offset,
 	}
-}
-
-// isHandler reports whether h can be a Route's Handler.
-func isHandler(h any) bool {
-	switch h.(type) {
-	case effect.Handler, effect.CallHandler:
-		return true
-	}
-	return false
 }

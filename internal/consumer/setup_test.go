@@ -19,7 +19,6 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/effect"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
@@ -158,7 +157,7 @@ func (h *recorder) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) erro
 }
 
 // config returns a consumer configuration with the fast timings of the tests.
-func (e *env) config(h effect.Handler) consumer.Config {
+func (e *env) config(h consumer.Handler) consumer.Config {
 	store, err := inbox.NewStore(e.db.Pool, inbox.Config{Logger: e.log})
 	if err != nil {
 		e.t.Fatal(err)
@@ -166,7 +165,7 @@ func (e *env) config(h effect.Handler) consumer.Config {
 	return testConfig(e.kafka.Addr, e.db.Pool, store, h, e.mode, e.log)
 }
 
-func testConfig(broker string, pool *pgxpool.Pool, store *inbox.Store, h any,
+func testConfig(broker string, pool *pgxpool.Pool, store *inbox.Store, h consumer.Handler,
 	mode testMode, log *slog.Logger) consumer.Config {
 	return consumer.Config{
 		Brokers:        []string{broker},

@@ -18,7 +18,7 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 var letter = deadletter.Letter{
-	Reason:    fault.UnknownOrder,
+	Reason:    reasonUnknownOrder,
 	Error:     "order not found",
 	Topic:     "payments.callbacks",
 	Partition: 3,

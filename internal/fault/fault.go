@@ -18,14 +18,13 @@ import (
 // Reason is a dead-letter reason code, sent as a dead letter's reason header (package deadletter).
 type Reason string
 
-// The reason codes of the contract.
+// The reason codes the worker gives itself, and the general ones a handler may give; a handler
+// names the reasons of its own domain (payment's unknown_order, notify's provider_rejected).
 const (
 	MissingIdempotencyKey Reason = "missing_idempotency_key"
 	InvalidIdempotencyKey Reason = "invalid_idempotency_key"
 	IdempotencyKeyReused  Reason = "idempotency_key_reused"
 	InvalidPayload        Reason = "invalid_payload"
-	UnknownOrder          Reason = "unknown_order"
-	ProviderRejected      Reason = "provider_rejected"
 	RetriesExhausted      Reason = "retries_exhausted"
 	CrashLoop             Reason = "crash_loop"
 	// HandlerError is the reason for an error no one classified, and for a handler's panic.

@@ -27,13 +27,13 @@ func TestClassify(t *testing.T) {
 		{"PermanentWrapped", fmt.Errorf("decode: %w", fault.Permanentf(fault.InvalidPayload, "bad %s", "amount")),
 			fault.KindPermanent, fault.InvalidPayload, 0},
 		{"Retryable", fault.Retryable(base), fault.KindRetryable, fault.RetriesExhausted, 0},
-		{"RetryableUntil", fault.RetryableUntil(fault.UnknownOrder, base), fault.KindRetryable, fault.UnknownOrder, 0},
+		{"RetryableUntil", fault.RetryableUntil(reasonUnknownOrder, base), fault.KindRetryable, reasonUnknownOrder, 0},
 		{"RetryAfter", &fault.Error{Kind: fault.KindRetryable, RetryAfter: time.Second, Err: base},
 			fault.KindRetryable, fault.RetriesExhausted, time.Second},
 		{"Unavailable", fault.Unavailable(base), fault.KindUnavailable, fault.RetriesExhausted, 0},
 		{"DeadlineExceeded", fmt.Errorf("send: %w", context.DeadlineExceeded), fault.KindRetryable, fault.RetriesExhausted, 0},
 		{"NetError", &net.OpError{Op: "dial", Err: base}, fault.KindRetryable, fault.RetriesExhausted, 0},
-		{"OutermostWins", fault.Permanent(fault.ProviderRejected, fault.Retryable(base)), fault.KindPermanent, fault.ProviderRejected, 0},
+		{"OutermostWins", fault.Permanent(reasonProviderRejected, fault.Retryable(base)), fault.KindPermanent, reasonProviderRejected, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -50,7 +50,7 @@ func TestClassify(t *testing.T) {
 func TestErrorKeepsTheChain(t *testing.T) {
 	t.Parallel()
 	base := errors.New("boom")
-	err := fault.RetryableUntil(fault.UnknownOrder, fmt.Errorf("order 42: %w", base))
+	err := fault.RetryableUntil(reasonUnknownOrder, fmt.Errorf("order 42: %w", base))
 	if !errors.Is(err, base) {
 		t.Errorf("errors.Is(%v, base) = false", err)
 	}

@@ -247,12 +247,14 @@ func WithTx(ctx context.Context, db interface {
 // context: long enough for a healthy server, short enough not to hang on a dead one.
 const rollbackTimeout = 5 * time.Second
 
-// Delivery is what a handler sees of one message inside Process's transaction.
+// Delivery is what a handler sees of one message (package inboxworker's Delivery).
 type Delivery struct {
 	// Key is the message's idempotency key.
 	Key string
 	// Value is the message value, as received.
 	Value []byte
-	// Attempt counts the tries of this message in this process, starting at 1.
+	// Attempt counts the attempts at the message, this one included, from 1: each run of its
+	// handler counts, in place, in a batch or once parked; a call's lease carries the count of its
+	// calls across processes.
 	Attempt int
 }

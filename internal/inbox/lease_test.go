@@ -155,7 +155,7 @@ func TestProcessCall(t *testing.T) {
 	t.Run("CallFails", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, inbox.Config{})
-		failed := fault.Permanent(fault.ProviderRejected, errors.New("rejected"))
+		failed := fault.Permanent(reasonProviderRejected, errors.New("rejected"))
 		call := inbox.Call{Lease: testLease, Run: func(context.Context, int) (inbox.Effect, error) { return nil, failed }}
 		if _, err := e.store.ProcessCall(ctx, message("k1"), call); !errors.Is(err, failed) {
 			t.Fatalf("ProcessCall: %v, want %v", err, failed)

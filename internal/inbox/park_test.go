@@ -100,7 +100,7 @@ func TestPark(t *testing.T) {
 				{Key: "Idempotency-Key", Value: []byte("evt-1 again")}, // repeated, kept in order
 			},
 			Attempts:      4,
-			Reason:        fault.UnknownOrder,
+			Reason:        reasonUnknownOrder,
 			FirstError:    "no order A-1001",
 			LastError:     "still no order A-1001",
 			FirstFailedAt: failedAt,
@@ -446,7 +446,7 @@ func TestProcessParked(t *testing.T) {
 		e := setup(t, inbox.Config{})
 		e.park(t, parked("A", 1))
 		p := e.take(t, "o", 1)[0]
-		boom := fault.RetryableUntil(fault.UnknownOrder, errors.New("no order A"))
+		boom := fault.RetryableUntil(reasonUnknownOrder, errors.New("no order A"))
 		_, err := e.store.ProcessParked(ctx, p, func(ctx context.Context, tx pgx.Tx) error {
 			if err := record("A@1")(ctx, tx); err != nil {
 				return err
@@ -461,7 +461,7 @@ func TestProcessParked(t *testing.T) {
 			t.Errorf("parked %q, want A@1 still", got)
 		}
 		// Still claimed: the owner reschedules it.
-		if err := e.store.Reschedule(ctx, p, inbox.ParkedFailure{Err: err, Reason: fault.UnknownOrder}); err != nil {
+		if err := e.store.Reschedule(ctx, p, inbox.ParkedFailure{Err: err, Reason: reasonUnknownOrder}); err != nil {
 			t.Errorf("Reschedule: %v", err)
 		}
 	})
@@ -564,7 +564,7 @@ func TestReschedule(t *testing.T) {
 	e.park(t, parked("A", 1))
 	p := e.take(t, "o", 1)[0]
 	err := e.store.Reschedule(ctx, p, inbox.ParkedFailure{
-		Err: errors.New("first"), Reason: fault.UnknownOrder, Spent: 300 * time.Millisecond, RetryIn: time.Hour,
+		Err: errors.New("first"), Reason: reasonUnknownOrder, Spent: 300 * time.Millisecond, RetryIn: time.Hour,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -573,7 +573,7 @@ func TestReschedule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Attempts != 1 || got.Reason != fault.UnknownOrder || got.FirstError != "first" || got.LastError != "first" ||
+	if got.Attempts != 1 || got.Reason != reasonUnknownOrder || got.FirstError != "first" || got.LastError != "first" ||
 		got.FirstFailedAt.IsZero() || got.BudgetSpent != 300*time.Millisecond || got.ClaimedBy != "" ||
 		!got.ClaimedUntil.IsZero() || time.Until(got.NextAttemptAt) < 59*time.Minute {
 		t.Errorf("after the first Reschedule: %+v", got)
@@ -591,7 +591,7 @@ func TestReschedule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again.Attempts != 2 || again.Reason != fault.UnknownOrder || again.FirstError != "first" ||
+	if again.Attempts != 2 || again.Reason != reasonUnknownOrder || again.FirstError != "first" ||
 		again.LastError != "second" || !again.FirstFailedAt.Equal(got.FirstFailedAt) ||
 		again.BudgetSpent != 500*time.Millisecond {
 		t.Errorf("after the second Reschedule: %+v", again)

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"unicode/utf8"
 
-	"github.com/inboxworker/inboxworker/internal/effect"
+	"github.com/inboxworker/inboxworker"
 )
 
 // Limits of an SMS event. A template is a name the provider knows, not the text of the message;
@@ -32,7 +32,7 @@ const (
 // or a param name given twice, is refused: readers that take the first and readers that take the last
 // would send different messages, or to different people. An unknown field given twice is ignored.
 //
-// Any other value is refused with effect.Permanent(effect.InvalidPayload, …) naming the field. The
+// Any other value is refused with inboxworker.Permanent(inboxworker.InvalidPayload, …) naming the field. The
 // error never quotes the value it refuses, so a phone number in the wrong place cannot reach a log
 // line or a dead-letter header through it. The returned SMS has no Key: the idempotency key comes
 // with the delivery.
@@ -212,5 +212,5 @@ func notAnObject(value []byte, err error) error {
 }
 
 func invalid(field string, err error) error {
-	return effect.Permanent(effect.InvalidPayload, fmt.Errorf("sms event: %s %w", field, err))
+	return inboxworker.Permanent(inboxworker.InvalidPayload, fmt.Errorf("sms event: %s %w", field, err))
 }

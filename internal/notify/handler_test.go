@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxworker/inboxworker/internal/effect"
+	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/notify"
@@ -65,12 +65,12 @@ func (e *env) newHandler(t *testing.T, sender notify.Sender) *notify.Handler {
 }
 
 // The consumer runs a Handler as a CallHandler: the send outside any transaction.
-var _ effect.CallHandler = (*notify.Handler)(nil)
+var _ inboxworker.CallHandler = (*notify.Handler)(nil)
 
 // callOf is d through h in the three steps of a call, as the consumer runs it.
 func callOf(h *notify.Handler, d inbox.Delivery) inbox.Call {
 	return inbox.Call{
-		Lease: effect.CallLease,
+		Lease: 15 * time.Second,
 		Check: func(ctx context.Context, tx pgx.Tx) error { return h.Check(ctx, tx, d) },
 		Run: func(ctx context.Context, attempt int) (inbox.Effect, error) {
 			d.Attempt = attempt
@@ -267,10 +267,10 @@ func TestHandleFailures(t *testing.T) {
 		wantCalls  int
 	}{
 		{name: "Rejected", reply: notifytest.Reply{Status: 400, Body: longAnswer},
-			wantKind: fault.KindPermanent, wantReason: fault.ProviderRejected, wantCalls: 1,
+			wantKind: fault.KindPermanent, wantReason: notify.ProviderRejected, wantCalls: 1,
 			wantError: `sms provider: 400 Bad Request: {"error":"template verify_code is not approved for +86138****8000 xxx`},
 		{name: "Forbidden", reply: notifytest.Reply{Status: 403}, wantKind: fault.KindPermanent,
-			wantReason: fault.ProviderRejected, wantCalls: 1, wantError: "403 Forbidden"},
+			wantReason: notify.ProviderRejected, wantCalls: 1, wantError: "403 Forbidden"},
 		{name: "RequestTimeout", reply: notifytest.Reply{Status: 408}, wantKind: fault.KindRetryable,
 			wantReason: fault.RetriesExhausted, wantCalls: 1},
 		{name: "TooManyRequests", reply: notifytest.Reply{Status: 429, RetryAfter: "3"}, wantKind: fault.KindRetryable,
@@ -282,7 +282,7 @@ func TestHandleFailures(t *testing.T) {
 		{name: "InvalidPayload", value: []byte(`{"phone":"8613800138000","template":"t"}`),
 			wantKind: fault.KindPermanent, wantReason: fault.InvalidPayload, wantError: "phone"},
 		{name: "TokenRefused", sender: must(notify.NewHTTPSender(notify.HTTPConfig{URL: e.provider.URL, Token: "wrong"})),
-			wantKind: fault.KindPermanent, wantReason: fault.ProviderRejected, wantCalls: 0, wantError: "401"},
+			wantKind: fault.KindPermanent, wantReason: notify.ProviderRejected, wantCalls: 0, wantError: "401"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			key := "k-" + tt.name

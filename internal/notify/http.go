@@ -16,7 +16,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/inboxworker/inboxworker/internal/effect"
+	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/jsonobject"
 )
 
@@ -51,12 +51,12 @@ type HTTPConfig struct {
 // A redirect (3xx) is never followed and never a delivery. Go's client would turn a 301, 302 or 303
 // into a GET without the body, whose 2xx would record as sent an SMS that nobody sent, and would
 // post a 307 or 308 again to wherever the answer points. A provider endpoint that moved is a
-// misconfiguration: the answer is permanent, reason effect.ProviderRejected, and the error names the
+// misconfiguration: the answer is permanent, reason ProviderRejected, and the error names the
 // redirect's target with its query values and password masked.
 //
 // 408, 429, 5xx, timeouts and connection errors are retryable, with the answer's Retry-After (seconds
-// or an HTTP date) as the error's RetryAfter (effect.RetryableAfter). Any other status is permanent, reason
-// effect.ProviderRejected, with the status and the start of the provider's answer in the error text,
+// or an HTTP date) as the error's RetryAfter (inboxworker.RetryableAfter). Any other status is permanent, reason
+// ProviderRejected, with the status and the start of the provider's answer in the error text,
 // after removing the token and anything that looks like a phone number from it.
 type HTTPSender struct {
 	url     string
@@ -116,14 +116,14 @@ func (s *HTTPSender) Send(ctx context.Context, sms SMS) (string, error) {
 	}
 	body, err := json.Marshal(providerRequest{To: sms.To, Template: sms.Template, Params: params, Reference: sms.Key})
 	if err != nil {
-		return "", effect.Permanent(effect.HandlerError, fmt.Errorf("sms provider: encode request: %w", err))
+		return "", inboxworker.Permanent(inboxworker.HandlerError, fmt.Errorf("sms provider: encode request: %w", err))
 	}
 
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
 	if err != nil {
-		return "", effect.Permanent(effect.HandlerError, errors.New("sms provider: cannot build a request to the URL"))
+		return "", inboxworker.Permanent(inboxworker.HandlerError, errors.New("sms provider: cannot build a request to the URL"))
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
@@ -134,7 +134,7 @@ func (s *HTTPSender) Send(ctx context.Context, sms SMS) (string, error) {
 
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return "", effect.Retryable(s.transportError(ctx, err))
+		return "", inboxworker.Retryable(s.transportError(ctx, err))
 	}
 	defer resp.Body.Close()
 	answer, readErr := io.ReadAll(io.LimitReader(resp.Body, maxAnswerRead))
@@ -144,17 +144,17 @@ func (s *HTTPSender) Send(ctx context.Context, sms SMS) (string, error) {
 		// Accepted, whatever happens to the rest of the answer.
 		return messageID(answer), nil
 	case code >= 300 && code < 400:
-		return "", effect.Permanent(effect.ProviderRejected, fmt.Errorf(
+		return "", inboxworker.Permanent(ProviderRejected, fmt.Errorf(
 			"sms provider: %s, a redirect to %s: redirects are not followed and never count as sent; "+
 				"set the provider URL to the endpoint itself", resp.Status, s.clean(s.redirectTarget(resp))))
 	case code == http.StatusRequestTimeout, code == http.StatusTooManyRequests, code >= 500:
-		return "", effect.RetryableAfter(fmt.Errorf("sms provider: %s%s", resp.Status, s.quote(answer, sms.To)),
+		return "", inboxworker.RetryableAfter(fmt.Errorf("sms provider: %s%s", resp.Status, s.quote(answer, sms.To)),
 			retryAfter(resp.Header.Get("Retry-After"), time.Now()))
 	default:
 		if readErr != nil && len(answer) == 0 {
 			answer = []byte("(answer unreadable)")
 		}
-		return "", effect.Permanent(effect.ProviderRejected,
+		return "", inboxworker.Permanent(ProviderRejected,
 			fmt.Errorf("sms provider: %s%s", resp.Status, s.quote(answer, sms.To)))
 	}
 }

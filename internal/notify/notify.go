@@ -1,13 +1,13 @@
 // Package notify sends the SMS of the notifications.sms topic, once per idempotency key.
 //
-// Handler is a call handler (see effect.CallHandler): the send is a network call, made with no
+// Handler is a call handler (see inboxworker.CallHandler): the send is a network call, made with no
 // transaction open and no database connection held. The consumer claims the message's key first (a
 // lease, in a short transaction, in which Check decodes the event and looks for the key in
 // notifications); Call then sends it through a Sender with the message's idempotency key; the
 // completion Call returns records a notifications row (status SENT, the provider's message id) in the
 // transaction that writes the key's inbox row and releases the lease, so the row and the inbox key
 // commit together or not at all. Claims, and completions, of SMS that arrive together share
-// transactions (see effect.CallHandler); the line logging a sent SMS is written once its record
+// transactions (see inboxworker.CallHandler); the line logging a sent SMS is written once its record
 // committed. A failed send records nothing; the consumer retries the message later, and the retry
 // sends again with the same key. The lease keeps two workers from sending for one key at the same
 // time.
@@ -26,7 +26,7 @@
 // Postgres and the provider cannot commit together. If the provider accepts a message and the process
 // dies (or loses Postgres) before the completion commits, nothing is recorded, the Kafka offset is not
 // committed, and the message is processed again once the dead process's lease has expired
-// (effect.CallLease): a second provider call. That call carries the same Idempotency-Key (and the
+// (Route.CallLease in package inboxworker, 15s by default): a second provider call. That call carries the same Idempotency-Key (and the
 // same reference in the body) as the first, because the key is the message's own idempotency key,
 // not something generated per attempt. A provider that honours Idempotency-Key answers it with the
 // first message's id and does not deliver again, so the person receives one SMS and the
@@ -44,8 +44,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inboxworker/inboxworker/internal/effect"
+	"github.com/inboxworker/inboxworker"
 )
+
+// ProviderRejected is the dead-letter reason of an SMS the provider refused for good: any answer but
+// 2xx, 408, 429 and 5xx, a redirect among them.
+const ProviderRejected inboxworker.Reason = "provider_rejected"
 
 // SMS is one message to send.
 type SMS struct {
@@ -79,7 +83,7 @@ type Sender interface {
 	// Send delivers sms and returns the provider's id for the message, "" when the provider accepted it
 	// without one. sms.Key goes to the provider as its idempotency key: two sends with one key are one
 	// message to a provider that honours it. Errors are classified with package fault: retryable when
-	// a later try may succeed, permanent with reason effect.ProviderRejected when it cannot. Neither the
+	// a later try may succeed, permanent with reason ProviderRejected when it cannot. Neither the
 	// error nor any log line holds the full number or a credential.
 	Send(ctx context.Context, sms SMS) (providerMessageID string, err error)
 }
@@ -110,11 +114,11 @@ const insertNotificationSQL = `
 INSERT INTO notifications (idempotency_key, recipient, template, status, provider_message_id, attempts, sent_at)
 VALUES ($1, $2, $3, 'SENT', $4, $5, clock_timestamp())`
 
-// Check is the first step of an SMS event (see effect.CallHandler), run in the claim transaction
-// of d.Key: an invalid event is a permanent effect.InvalidPayload error, and a key already in
-// notifications (its inbox row has expired; the SMS was sent) is effect.ErrAlreadyApplied, so it is
+// Check is the first step of an SMS event (see inboxworker.CallHandler), run in the claim transaction
+// of d.Key: an invalid event is a permanent inboxworker.InvalidPayload error, and a key already in
+// notifications (its inbox row has expired; the SMS was sent) is inboxworker.ErrAlreadyApplied, so it is
 // not sent again.
-func (h *Handler) Check(ctx context.Context, tx pgx.Tx, d effect.Delivery) error {
+func (h *Handler) Check(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery) error {
 	sms, err := Decode(d.Value)
 	if err != nil {
 		return err
@@ -128,7 +132,7 @@ func (h *Handler) Check(ctx context.Context, tx pgx.Tx, d effect.Delivery) error
 	}
 	if sent {
 		h.logger.InfoContext(ctx, "sms already sent under this key; not sending again", slog.Any("sms", sms))
-		return effect.ErrAlreadyApplied
+		return inboxworker.ErrAlreadyApplied
 	}
 	return nil
 }
@@ -136,7 +140,7 @@ func (h *Handler) Check(ctx context.Context, tx pgx.Tx, d effect.Delivery) error
 // Call sends the SMS of d, with no transaction open, and returns the completion that records it as
 // SENT with the provider's message id, in the transaction that writes d.Key's inbox row. A failed
 // send returns the sender's classified error and records nothing.
-func (h *Handler) Call(ctx context.Context, d effect.Delivery) (effect.Completion, error) {
+func (h *Handler) Call(ctx context.Context, d inboxworker.Delivery) (inboxworker.Completion, error) {
 	sms, err := Decode(d.Value)
 	if err != nil {
 		return nil, err
@@ -162,7 +166,7 @@ func (h *Handler) Call(ctx context.Context, d effect.Delivery) (effect.Completio
 		// Logged once the record commits, which may be in a transaction that records other SMS too
 		// and is rolled back and done again alone: a line for what is recorded, once. A send whose
 		// record does not commit is sent again, with the same key, and logged then.
-		effect.AfterCommit(ctx, func(ctx context.Context) {
+		inboxworker.AfterCommit(ctx, func(ctx context.Context) {
 			// The id is stored whole; logged, its numbers are masked: a provider may use the
 			// recipient's number, or another, as its message id.
 			h.logger.InfoContext(ctx, "sms accepted by the provider", slog.Any("sms", sms),

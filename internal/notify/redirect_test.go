@@ -58,8 +58,8 @@ func TestHTTPSenderRedirect(t *testing.T) {
 			if err == nil {
 				t.Fatalf("Send = %q, nil; want provider_rejected", id)
 			}
-			if kind, reason, _ := fault.Classify(err); kind != fault.KindPermanent || reason != fault.ProviderRejected {
-				t.Fatalf("Send error %q classified %v %q, want permanent %q", err, kind, reason, fault.ProviderRejected)
+			if kind, reason, _ := fault.Classify(err); kind != fault.KindPermanent || reason != notify.ProviderRejected {
+				t.Fatalf("Send error %q classified %v %q, want permanent %q", err, kind, reason, notify.ProviderRejected)
 			}
 			for _, s := range tt.want {
 				if !strings.Contains(err.Error(), s) {
@@ -104,7 +104,7 @@ func TestHandleRedirectRecordsNothing(t *testing.T) {
 		http.Redirect(w, r, target.URL, http.StatusMovedPermanently)
 	})
 	outcome, err := e.process(t, e.newHandler(t, sender), "k1", testEvent, 1)
-	if _, reason, _ := fault.Classify(err); reason != fault.ProviderRejected || outcome == inbox.Applied {
+	if _, reason, _ := fault.Classify(err); reason != notify.ProviderRejected || outcome == inbox.Applied {
 		t.Fatalf("Process = %q, %v; want provider_rejected", outcome, err)
 	}
 	e.checkNothingRecorded(t, "k1")

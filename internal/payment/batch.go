@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inboxworker/inboxworker/internal/effect"
+	"github.com/inboxworker/inboxworker"
 )
 
 // HandleBatch applies the callbacks in ds, in order, through tx, the inbox transaction of their
@@ -27,8 +27,8 @@ import (
 // path then gives that callback its outcome, which is its own.
 //
 // It does database work only, through tx, and may run more than once for a callback whose effect
-// commits once (see effect.BatchHandler).
-func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, ds []effect.Delivery) []error {
+// commits once (see inboxworker.BatchHandler).
+func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, ds []inboxworker.Delivery) []error {
 	errs := make([]error, len(ds))
 	cbs := make([]Callback, len(ds))
 	n := len(ds) // the callbacks before the first invalid one, which are applied
@@ -51,7 +51,7 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, ds []effect.Delive
 		}
 		if err := h.apply(ctx, tx, ds[i].Key, cbs[i]); err != nil {
 			errs[i] = err
-			if !errors.Is(err, effect.ErrAlreadyApplied) {
+			if !errors.Is(err, inboxworker.ErrAlreadyApplied) {
 				return errs
 			}
 		}
@@ -96,7 +96,7 @@ RETURNING order_no`
 // payAll applies together the callbacks of the batch that can be (see HandleBatch) and reports which
 // it paid. When the statement fails, the transaction cannot go on: it returns the error and the
 // index of the first callback it tried to pay.
-func (h *Handler) payAll(ctx context.Context, tx pgx.Tx, ds []effect.Delivery, cbs []Callback) (paid []bool, first int, err error) {
+func (h *Handler) payAll(ctx context.Context, tx pgx.Tx, ds []inboxworker.Delivery, cbs []Callback) (paid []bool, first int, err error) {
 	paid = make([]bool, len(cbs))
 	type txn struct{ provider, id string }
 	orders := make(map[string]int, len(cbs))

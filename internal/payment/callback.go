@@ -7,7 +7,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/inboxworker/inboxworker/internal/effect"
+	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/jsonobject"
 )
 
@@ -53,7 +53,7 @@ func (e *FieldError) Error() string {
 }
 
 func invalid(field, format string, args ...any) error {
-	return effect.Permanent(effect.InvalidPayload, &FieldError{Field: field, Problem: fmt.Sprintf(format, args...)})
+	return inboxworker.Permanent(inboxworker.InvalidPayload, &FieldError{Field: field, Problem: fmt.Sprintf(format, args...)})
 }
 
 // Decode parses and validates a payment callback. The value must be one JSON object (UTF-8) whose

@@ -187,7 +187,7 @@ func testThroughConsumer(t *testing.T, mode consumer.Transactions) {
 			}
 		}
 	}
-	wantDead := map[string]string{"e1-bad": string(fault.InvalidPayload), "e8": string(fault.UnknownOrder)}
+	wantDead := map[string]string{"e1-bad": string(fault.InvalidPayload), "e8": string(payment.UnknownOrder)}
 	if len(dead) != len(wantDead) || dead["e1-bad"] != wantDead["e1-bad"] || dead["e8"] != wantDead["e8"] {
 		t.Errorf("dead letters by key: %v, want %v", dead, wantDead)
 	}

@@ -6,7 +6,7 @@
 // (never read-then-write); a callback that cannot pay the order is recorded for a person as a
 // payment_anomalies row (amount_mismatch, duplicate_payment, paid_after_cancel) and the order is left
 // as it is. A provider transaction already applied, under whatever idempotency key, is reported as
-// effect.ErrAlreadyApplied, with nothing written.
+// inboxworker.ErrAlreadyApplied, with nothing written.
 //
 // The rules, where the contract's table is silent:
 //   - A provider transaction belongs to one order and carries one amount and currency: the first
@@ -35,11 +35,11 @@
 // other callback as Handle does, in order.
 //
 // What a callback did (an anomaly at warn level; a payment, at debug) is logged once its transaction
-// commits (see effect.AfterCommit), never for work rolled back; called outside a transaction of
+// commits (see inboxworker.AfterCommit), never for work rolled back; called outside a transaction of
 // package inbox, the handler logs nothing.
 //
 // payment does not retry, dead-letter, count or know Kafka: it returns nil (applied),
-// effect.ErrAlreadyApplied (duplicate) or an error classified with package fault, and its caller does
+// inboxworker.ErrAlreadyApplied (duplicate) or an error classified with package fault, and its caller does
 // the rest. It does not create, cancel or refund orders; it does not check currencies against the
 // ISO 4217 list, only their shape.
 package payment
@@ -57,7 +57,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/inboxworker/inboxworker/internal/effect"
+	"github.com/inboxworker/inboxworker"
 )
 
 // Config configures a Handler.
@@ -76,6 +76,10 @@ func NewHandler(config Config) (*Handler, error) {
 	return &Handler{logger: cmp.Or(config.Logger, slog.Default())}, nil
 }
 
+// UnknownOrder is the dead-letter reason of a callback whose order did not appear within the retry
+// budget: retried until then (the callback may overtake the order's creation).
+const UnknownOrder inboxworker.Reason = "unknown_order"
+
 // Anomaly kinds, as stored in payment_anomalies.kind.
 const (
 	AmountMismatch   = "amount_mismatch"
@@ -92,10 +96,10 @@ const (
 
 // Handle applies the callback in d.Value through tx, the inbox transaction of d.Key. It returns nil
 // when the callback was applied (the order paid, a FAILED payment recorded or an anomaly recorded),
-// effect.ErrAlreadyApplied when its provider transaction had already been applied, having written
+// inboxworker.ErrAlreadyApplied when its provider transaction had already been applied, having written
 // nothing, or a classified error: invalid_payload (permanent), unknown_order (retryable), or a
 // Postgres error, which the inbox classifies.
-func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d effect.Delivery) error {
+func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery) error {
 	cb, err := Decode(d.Value)
 	if err != nil {
 		return err
@@ -104,7 +108,7 @@ func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d effect.Delivery) erro
 }
 
 // apply applies the decoded callback cb, whose idempotency key is key, through tx, and logs what it
-// did once the transaction commits (see effect.AfterCommit): never a line for work rolled back.
+// did once the transaction commits (see inboxworker.AfterCommit): never a line for work rolled back.
 func (h *Handler) apply(ctx context.Context, tx pgx.Tx, key string, cb Callback) error {
 	a := &application{tx: tx, cb: cb, key: key}
 	var done string
@@ -115,7 +119,7 @@ func (h *Handler) apply(ctx context.Context, tx pgx.Tx, key string, cb Callback)
 		done, err = a.failed(ctx)
 	}
 	switch {
-	case errors.Is(err, effect.ErrAlreadyApplied):
+	case errors.Is(err, inboxworker.ErrAlreadyApplied):
 		h.logAfterCommit(ctx, slog.LevelDebug, "payment callback already applied", key, cb)
 	case err != nil:
 		return err
@@ -138,7 +142,7 @@ func (h *Handler) logAfterCommit(ctx context.Context, level slog.Level, msg, key
 		slog.String("provider_txn_id", cb.ProviderTxnID), slog.String("result", string(cb.Result)),
 		slog.String("idempotency_key", key),
 	}, extra...)
-	effect.AfterCommit(ctx, func(ctx context.Context) { h.logger.LogAttrs(ctx, level, msg, attrs...) })
+	inboxworker.AfterCommit(ctx, func(ctx context.Context) { h.logger.LogAttrs(ctx, level, msg, attrs...) })
 }
 
 // application is one callback being applied in one transaction.
@@ -217,7 +221,7 @@ func (a *application) success(ctx context.Context) (string, error) {
 	case statusPaid:
 		same, err := a.paidBySameTransaction(ctx, order)
 		if err != nil || same {
-			return "", cmp.Or(err, effect.ErrAlreadyApplied)
+			return "", cmp.Or(err, inboxworker.ErrAlreadyApplied)
 		}
 		return a.anomaly(ctx, DuplicatePayment, order)
 	case statusCancelled:
@@ -325,7 +329,7 @@ func (a *application) failed(ctx context.Context) (string, error) {
 	}
 	if order.status == statusPaid {
 		if same, err := a.paidBySameTransaction(ctx, order); err != nil || same {
-			return "", cmp.Or(err, effect.ErrAlreadyApplied)
+			return "", cmp.Or(err, inboxworker.ErrAlreadyApplied)
 		}
 	}
 	cb := a.cb
@@ -338,7 +342,7 @@ func (a *application) failed(ctx context.Context) (string, error) {
 		return "", classify(fmt.Errorf("payment: record failed payment: %w", err))
 	}
 	if tag.RowsAffected() == 0 {
-		return "", effect.ErrAlreadyApplied
+		return "", inboxworker.ErrAlreadyApplied
 	}
 	return effectFailedRecorded, nil
 }
@@ -361,7 +365,7 @@ func (a *application) lockOrder(ctx context.Context, lock string) (order, error)
 		FROM orders WHERE order_no = $1 `+lock,
 		a.cb.OrderNo, a.cb.Amount, a.cb.Currency).Scan(&o.status, &o.txnID, &o.amount, &o.currency, &o.matches)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return o, effect.RetryableUntil(effect.UnknownOrder,
+		return o, inboxworker.RetryableUntil(UnknownOrder,
 			fmt.Errorf("payment: order %s not found", quote(a.cb.OrderNo)))
 	}
 	if err != nil {
@@ -452,7 +456,7 @@ func (a *application) anomaly(ctx context.Context, kind string, o order) (string
 		return "", classify(fmt.Errorf("payment: record anomaly %s: %w", kind, err))
 	}
 	if tag.RowsAffected() == 0 {
-		return "", effect.ErrAlreadyApplied
+		return "", inboxworker.ErrAlreadyApplied
 	}
 	return kind, nil
 }
@@ -468,7 +472,7 @@ const sqlstateUniqueViolation = "23505"
 func classify(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == sqlstateUniqueViolation {
-		return effect.Retryable(err)
+		return inboxworker.Retryable(err)
 	}
 	return err
 }

@@ -354,8 +354,8 @@ func TestUnknownOrderIsRetryable(t *testing.T) {
 			err := newHandler(t).Handle(context.Background(), tx, inbox.Delivery{
 				Key: "k1", Value: callback(t, map[string]any{"order_no": "NO-SUCH-ORDER", "result": result}), Attempt: 1})
 			kind, reason, _ := fault.Classify(err)
-			if kind != fault.KindRetryable || reason != fault.UnknownOrder {
-				t.Fatalf("got %v/%s (%v), want retryable/%s", kind, reason, err, fault.UnknownOrder)
+			if kind != fault.KindRetryable || reason != payment.UnknownOrder {
+				t.Fatalf("got %v/%s (%v), want retryable/%s", kind, reason, err, payment.UnknownOrder)
 			}
 		})
 	}

@@ -1,0 +1,59 @@
+package inboxworker
+
+import (
+	"context"
+	"time"
+
+	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/inbox"
+)
+
+// Reason is a dead-letter reason code: the dlq-reason header of a message dead-lettered. A handler
+// names its own (`unknown_order`, `provider_rejected`) for the failures of its domain.
+type Reason = fault.Reason
+
+// The reasons the worker gives dead letters itself, and the two general ones a handler may give.
+const (
+	// InvalidPayload: the message can never be applied as it is (bad JSON, a missing field).
+	InvalidPayload Reason = fault.InvalidPayload
+	// HandlerError: an error no one classified, or a handler's panic.
+	HandlerError Reason = fault.HandlerError
+	// RetriesExhausted: a retryable error outlasted the retry budget.
+	RetriesExhausted Reason = fault.RetriesExhausted
+	// MissingIdempotencyKey, InvalidIdempotencyKey: the message has no valid idempotency key.
+	MissingIdempotencyKey Reason = fault.MissingIdempotencyKey
+	InvalidIdempotencyKey Reason = fault.InvalidIdempotencyKey
+	// IdempotencyKeyReused: the key was applied before with another payload.
+	IdempotencyKeyReused Reason = fault.IdempotencyKeyReused
+	// CrashLoop: the worker died every time it ran the message.
+	CrashLoop Reason = fault.CrashLoop
+)
+
+// ErrAlreadyApplied is what a handler returns when its own business keys show the effect happened
+// already under another idempotency key (a payment provider resending one payment under a new
+// event id): the message is a duplicate, and its inbox row commits with whatever else the handler
+// wrote in the transaction (it should write nothing).
+var ErrAlreadyApplied = inbox.ErrAlreadyApplied
+
+// Permanent marks err as the message's own: it is dead-lettered at once with reason, never retried.
+func Permanent(reason Reason, err error) error { return fault.Permanent(reason, err) }
+
+// Retryable marks err as worth another try later: the message is retried with backoff until its
+// retry budget (Config.Retry.MaxElapsed) runs out, then dead-lettered retries_exhausted.
+func Retryable(err error) error { return fault.Retryable(err) }
+
+// RetryableAfter is Retryable, tried again no sooner than after: the other service's Retry-After
+// (a 429, a 503). The whole route waits as long, and the wait is not charged to the budget.
+func RetryableAfter(err error, after time.Duration) error { return fault.RetryableAfter(err, after) }
+
+// RetryableUntil is Retryable, dead-lettered with reason (not retries_exhausted) once the budget
+// runs out: an order that does not exist yet, and may be created.
+func RetryableUntil(reason Reason, err error) error { return fault.RetryableUntil(reason, err) }
+
+// AfterCommit runs action once the transaction of ctx — a handler's, a check's or a completion's —
+// has committed, and never if it rolls back: a handler logs what it did through it, so that a batch
+// rolled back and run again logs each effect once. It reports false, and drops action, outside such
+// a transaction.
+func AfterCommit(ctx context.Context, action func(context.Context)) bool {
+	return inbox.AfterCommit(ctx, action)
+}

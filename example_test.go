@@ -1,0 +1,152 @@
+package inboxworker_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxworker/inboxworker"
+)
+
+// A team's own route on its own table: shipment events, each applied once however often it
+// arrives. The handler writes through the transaction that records the event's idempotency key,
+// so the key is recorded if and only if the shipment is.
+func ExampleNew() {
+	ctx := context.Background()
+	env := setupExample() // a Postgres schema and an embedded Kafka broker, for the example
+	defer env.close()
+
+	if err := inboxworker.Migrate(ctx, env.pool); err != nil { // the worker's own tables
+		log.Fatal(err)
+	}
+	if _, err := env.pool.Exec(ctx, `CREATE TABLE shipments (order_no text PRIMARY KEY, shipped_at timestamptz)`); err != nil {
+		log.Fatal(err)
+	}
+	ship := inboxworker.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery) error {
+		var event struct {
+			OrderNo string `json:"order_no"`
+		}
+		if err := json.Unmarshal(d.Value, &event); err != nil || event.OrderNo == "" {
+			return inboxworker.Permanent(inboxworker.InvalidPayload, errors.New("not a shipment event"))
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO shipments (order_no, shipped_at) VALUES ($1, now())`, event.OrderNo)
+		return err
+	})
+
+	w, err := inboxworker.New(inboxworker.Config{
+		Brokers: env.brokers,
+		Pool:    env.pool,
+		Routes:  []inboxworker.Route{{Topic: "shipments", Name: "shipments", Handler: ship}},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+
+	// The same event, delivered three times (a producer's retries, a redelivery).
+	for range 3 {
+		env.produce("shipments", "A-1001", `{"event_id":"ship-1","order_no":"A-1001"}`)
+	}
+	env.waitCommitted("shipments", 3)
+	stop()
+	if err := <-done; err != nil {
+		log.Fatal(err)
+	}
+
+	var shipped int
+	if err := env.pool.QueryRow(context.Background(), `SELECT count(*) FROM shipments`).Scan(&shipped); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("shipments recorded:", shipped)
+	// Output: shipments recorded: 1
+}
+
+// notifier is a CallHandler: its effect is a call to another service, made with no transaction
+// open and carrying the idempotency key, and its completion records the call in the transaction
+// of the key's inbox row.
+type notifier struct{ url string }
+
+func (n notifier) Check(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery) error {
+	if !json.Valid(d.Value) {
+		return inboxworker.Permanent(inboxworker.InvalidPayload, errors.New("not JSON"))
+	}
+	return nil
+}
+
+func (n notifier) Call(ctx context.Context, d inboxworker.Delivery) (inboxworker.Completion, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.url, bytes.NewReader(d.Value))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Idempotency-Key", d.Key) // a repeated call with this key is one
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, inboxworker.Retryable(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		return nil, inboxworker.Retryable(fmt.Errorf("the service answered %s", resp.Status))
+	}
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO notices (idempotency_key) VALUES ($1)`, d.Key)
+		return err
+	}, nil
+}
+
+// A route whose effect is a call to another service: a notice sent once per idempotency key,
+// however often its event arrives. The service here counts the calls it gets for each key.
+func ExampleCallHandler() {
+	ctx := context.Background()
+	env := setupExample()
+	defer env.close()
+	var mu sync.Mutex
+	calls := map[string]int{}
+	service := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		calls[r.Header.Get("Idempotency-Key")]++
+		mu.Unlock()
+		w.WriteHeader(http.StatusAccepted)
+	}))
+	defer service.Close()
+
+	if err := inboxworker.Migrate(ctx, env.pool); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := env.pool.Exec(ctx, `CREATE TABLE notices (idempotency_key text PRIMARY KEY)`); err != nil {
+		log.Fatal(err)
+	}
+	w, err := inboxworker.New(inboxworker.Config{
+		Brokers: env.brokers,
+		Pool:    env.pool,
+		Routes:  []inboxworker.Route{{Topic: "notices", Name: "notices", Call: notifier{url: service.URL}}},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+
+	env.produce("notices", "user-7", `{"event_id":"notice-1","user":"user-7"}`)
+	env.produce("notices", "user-7", `{"event_id":"notice-1","user":"user-7"}`) // delivered again
+	env.waitCommitted("notices", 2)
+	stop()
+	if err := <-done; err != nil {
+		log.Fatal(err)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	fmt.Println("calls for notice-1:", calls["notice-1"])
+	// Output: calls for notice-1: 1
+}

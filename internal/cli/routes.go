@@ -1,0 +1,169 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/inboxworker/inboxworker"
+	"github.com/inboxworker/inboxworker/internal/envflag"
+	"github.com/inboxworker/inboxworker/internal/notify"
+	"github.com/inboxworker/inboxworker/internal/payment"
+	"github.com/inboxworker/inboxworker/internal/startup"
+)
+
+// A routeRow is one route of the binary, and all there is to it: its settings (its topic, how long
+// its keys are remembered, how many of its handlers run at once), the check of its topic at start,
+// its topics in worker dev and worker demo, and how its handler is built, are derived from the row.
+// A third route is a package with its handler and a row in bundledRoutes.
+type routeRow struct {
+	// name is the route's name in the inbox, and the stem of its settings: TOPIC_<NAME>,
+	// INBOX_RETENTION_<NAME>, <NAME>_CONCURRENCY.
+	name string
+	// topic is its topic's default; what its messages are, for the settings' help.
+	topic, what string
+	// concurrency is the default of <NAME>_CONCURRENCY, and concurrencyHelp its help.
+	concurrency     int
+	concurrencyHelp string
+	// maxConcurrency bounds <NAME>_CONCURRENCY.
+	maxConcurrency int
+	// handler builds the route's handler: its Handler or its Call, of the route it returns.
+	handler func(cfg *Config, logger *slog.Logger) (inboxworker.Route, error)
+}
+
+// bundledRoutes are the binary's routes.
+var bundledRoutes = []routeRow{
+	{name: paymentsInbox, topic: "payments.callbacks", what: "payment callback",
+		concurrency: 4, maxConcurrency: 1000,
+		concurrencyHelp: "most payment transactions (batches) at once, across partitions; each holds a database connection",
+		handler: func(_ *Config, logger *slog.Logger) (inboxworker.Route, error) {
+			h, err := payment.NewHandler(payment.Config{Logger: logger})
+			return inboxworker.Route{Handler: h}, err
+		}},
+	{name: smsInbox, topic: "notifications.sms", what: "SMS event",
+		concurrency: 128, maxConcurrency: 10000,
+		concurrencyHelp: "most SMS being sent at once, across partitions",
+		handler: func(cfg *Config, logger *slog.Logger) (inboxworker.Route, error) {
+			sender, err := smsSender(cfg, logger)
+			if err != nil {
+				return inboxworker.Route{}, err
+			}
+			h, err := notify.NewHandler(notify.Config{Sender: sender, Logger: logger})
+			return inboxworker.Route{Call: h}, err
+		}},
+}
+
+// The inbox names of the bundled routes, which the demo's summary reads.
+const (
+	paymentsInbox = "payments"
+	smsInbox      = "sms"
+)
+
+// routeSettings are a route's settings, as its row derives them.
+type routeSettings struct {
+	Topic string
+	// Retention is how long its idempotency keys are remembered. Zero (the default) means "as long
+	// as the topic can redeliver": settled at start from the topic's configuration (see checkKafka).
+	Retention   time.Duration
+	Concurrency int
+}
+
+// route returns the settings of the route named name, made when first asked for.
+func (c *Config) route(name string) *routeSettings {
+	if c.Routes == nil {
+		c.Routes = map[string]*routeSettings{}
+	}
+	if c.Routes[name] == nil {
+		c.Routes[name] = &routeSettings{}
+	}
+	return c.Routes[name]
+}
+
+// topic returns the topic of the route named name.
+func (c *Config) topic(name string) string { return c.route(name).Topic }
+
+// settingsOf is the settings of the binary with routes: those of the table settings, each route's
+// after DATABASE_URL, in the order of routes.
+func settingsOf(routes []routeRow) []*setting {
+	var out []*setting
+	for _, s := range settings {
+		out = append(out, s)
+		if s.Env == "DATABASE_URL" {
+			for _, r := range routes {
+				out = append(out, r.settings()...)
+			}
+		}
+	}
+	return out
+}
+
+// settings are r's settings: its topic, its inbox retention and its concurrency.
+func (r routeRow) settings() []*setting {
+	stem := strings.ToUpper(r.name)
+	flag := strings.ReplaceAll(r.name, "_", "-")
+	return []*setting{
+		{Env: "TOPIC_" + stem, Flag: "topic-" + flag, Default: r.topic, Meta: "TOPIC", Use: useTopics,
+			Usage: r.what + " topic",
+			Set:   func(c *Config, v string) error { return parseTopic(&c.route(r.name).Topic, v) }},
+		{Env: "INBOX_RETENTION_" + stem, Flag: "inbox-retention-" + flag, Meta: "DURATION", Use: useWorker,
+			Shown: settledFromTopic,
+			Usage: "how long a " + r.what + "'s idempotency key is remembered " +
+				"(unset: the topic's retention.ms + segment.ms + 1h, read at start)",
+			Bound: retentionBound,
+			Set: func(c *Config, v string) error {
+				return envflag.OptionalDuration(&c.route(r.name).Retention, v)
+			}},
+		{Env: stem + "_CONCURRENCY", Flag: flag + "-concurrency", Default: fmt.Sprint(r.concurrency), Meta: "N",
+			Use: useWorker, Usage: r.concurrencyHelp, Bound: envflag.Counts(1, r.maxConcurrency),
+			Set: func(c *Config, v string) error { return envflag.Positive(&c.route(r.name).Concurrency, v) }},
+	}
+}
+
+// checkTopics checks the routes' topics and their dead-letter topics against one another: no two
+// routes on one topic, and no route consuming another's dead letters.
+func (c *Config) checkTopics(fail func(env, format string, args ...any) error) error {
+	for i, r := range c.routes {
+		t, env := c.topic(r.name), "TOPIC_"+strings.ToUpper(r.name)
+		if n := len(t + c.DLQSuffix); n > startup.MaxTopicName {
+			return fail("DLQ_SUFFIX", "%s + DLQ_SUFFIX is %d characters, more than a topic name's %d",
+				env, n, startup.MaxTopicName)
+		}
+		for _, o := range c.routes[:i] {
+			other, otherEnv := c.topic(o.name), "TOPIC_"+strings.ToUpper(o.name)
+			switch {
+			case t == other:
+				return fail(env, "must differ from %s (both are %q)", otherEnv, t)
+			case other == t+c.DLQSuffix:
+				return fail(otherEnv, "%q is the dead-letter topic of %s (DLQ_SUFFIX %q)", other, env, c.DLQSuffix)
+			case t == other+c.DLQSuffix:
+				return fail(env, "%q is the dead-letter topic of %s (DLQ_SUFFIX %q)", t, otherEnv, c.DLQSuffix)
+			}
+		}
+	}
+	return nil
+}
+
+// topics are the routes' topics.
+func (c *Config) topics() []string {
+	out := make([]string, len(c.routes))
+	for i, r := range c.routes {
+		out[i] = c.topic(r.name)
+	}
+	return out
+}
+
+// workerRoutes are the routes as the worker takes them, their handlers built.
+func (c *Config) workerRoutes(logger *slog.Logger) ([]inboxworker.Route, error) {
+	var out []inboxworker.Route
+	for _, r := range c.routes {
+		route, err := r.handler(c, logger)
+		if err != nil {
+			return nil, err
+		}
+		s := c.route(r.name)
+		route.Topic, route.Name, route.Retention, route.Concurrency = s.Topic, r.name, s.Retention, s.Concurrency
+		out = append(out, route)
+	}
+	return out, nil
+}

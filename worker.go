@@ -1,0 +1,178 @@
+package inboxworker
+
+import (
+	"cmp"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go/sasl"
+
+	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/deadletter"
+	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/migrations"
+)
+
+// Config configures a Worker. Only Brokers, Pool and Routes are required; every other field's
+// comment gives its default.
+type Config struct {
+	// Brokers are the Kafka bootstrap brokers (host:port). Required.
+	Brokers []string
+	// GroupID is the consumer group: the workers of one group share the routes' partitions.
+	// Defaults to "inboxworker".
+	GroupID string
+	// SASL, when set, authenticates to the brokers (kafka-go's plain or scram mechanisms).
+	SASL sasl.Mechanism
+	// TLS, when set, encrypts the connections to the brokers.
+	TLS *tls.Config
+	// SessionTimeout is how soon the group notices a dead worker and hands its partitions on.
+	// Defaults to 10s.
+	SessionTimeout time.Duration
+	// Pool reaches the Postgres database that holds the inbox's tables (see Migrate) and the
+	// handlers' own. Required.
+	Pool *pgxpool.Pool
+	// Routes are the topics to consume and what applies their messages. Required.
+	Routes []Route
+	// DLQSuffix names a route's dead-letter topic: its topic + DLQSuffix. Defaults to ".dlq".
+	DLQSuffix string
+	// Retry paces the retries of retryable errors and bounds them.
+	Retry Retry
+	// ParkAfter is how long a message failing with a retryable error is retried in place, the
+	// later messages of its key waiting, before it is parked out of its partition's way. Defaults
+	// to 5s.
+	ParkAfter time.Duration
+	// Ordering says which messages of a partition run one after another. Defaults to ByKey.
+	Ordering Ordering
+	// MaxInFlight is the most messages of one partition fetched and not yet committed. Defaults
+	// to 256.
+	MaxInFlight int
+	// BatchSize is the most messages of a BatchHandler's route applied in one transaction (1: a
+	// transaction per message). Defaults to 256.
+	BatchSize int
+	// BatchWait is how long a batch waits for more messages after its first. Defaults to 5ms.
+	BatchWait time.Duration
+	// ShutdownTimeout is how long Run lets the messages in flight finish once its context is
+	// cancelled; then their work is cancelled and rolled back. Defaults to 30s.
+	ShutdownTimeout time.Duration
+	// LagInterval is how often the lag of every partition of the routes' topics is read. Defaults
+	// to 5s.
+	LagInterval time.Duration
+	// Registerer, when set, gets the worker's Prometheus metrics (inboxworker_*), every series at 0
+	// from the start.
+	Registerer prometheus.Registerer
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Retry configures the retries of retryable errors: an exponential backoff with jitter, and a
+// budget per message, after which it is dead-lettered. Time the message's route spends paused
+// (its dependency down, or asking to wait) and time Postgres is unreachable are not charged.
+type Retry struct {
+	// InitialInterval is the first wait. Defaults to 200ms.
+	InitialInterval time.Duration
+	// MaxInterval is the longest wait between two attempts. Defaults to 30s.
+	MaxInterval time.Duration
+	// MaxElapsed is one message's retry budget. Defaults to 5m.
+	MaxElapsed time.Duration
+}
+
+// Ordering says which messages of a partition run one after another.
+type Ordering int
+
+const (
+	// ByKey runs the messages of one Kafka key one after another, in offset order, and those of
+	// different keys concurrently; a message without a Kafka key is ordered by its idempotency key.
+	ByKey Ordering = iota
+	// ByPartition runs a partition's messages strictly one after another, and parks nothing.
+	ByPartition
+)
+
+// Worker consumes its routes' topics as a member of a consumer group and applies each message's
+// effect once, however often the message arrives. It purges the idempotency keys whose retention
+// has passed, and dead-letters what cannot be applied.
+type Worker struct {
+	consumer *consumer.Consumer
+	store    *inbox.Store
+}
+
+// New returns a Worker for config, or an error naming the first invalid field. It connects to
+// nothing: Run does.
+func New(config Config) (*Worker, error) {
+	if config.Pool == nil {
+		return nil, errors.New("inboxworker: Config.Pool is required")
+	}
+	logger := cmp.Or(config.Logger, slog.Default())
+	retention := make(map[string]time.Duration, len(config.Routes))
+	routes := make([]consumer.Route, len(config.Routes))
+	for i, r := range config.Routes {
+		retention[r.Name] = cmp.Or(r.Retention, DefaultRetention)
+		routes[i] = r.consumerRoute()
+	}
+	store, err := inbox.NewStore(config.Pool, inbox.Config{Retention: retention, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	var metrics *consumer.Metrics
+	if config.Registerer != nil {
+		metrics = consumer.NewMetrics(config.Registerer)
+	}
+	c, err := consumer.New(consumer.Config{
+		Brokers:        config.Brokers,
+		GroupID:        config.GroupID,
+		Routes:         routes,
+		SASL:           config.SASL,
+		TLS:            config.TLS,
+		SessionTimeout: config.SessionTimeout,
+		DLQSuffix:      config.DLQSuffix,
+		Retry: consumer.Retry{InitialInterval: config.Retry.InitialInterval,
+			MaxInterval: config.Retry.MaxInterval, MaxElapsed: config.Retry.MaxElapsed},
+		Ordering:        consumer.Ordering(config.Ordering),
+		ParkAfter:       config.ParkAfter,
+		MaxInFlight:     config.MaxInFlight,
+		BatchSize:       config.BatchSize,
+		BatchWait:       config.BatchWait,
+		ShutdownTimeout: config.ShutdownTimeout,
+		LagInterval:     config.LagInterval,
+		Store:           store,
+		DeadLetters:     deadletter.NewStore(config.Pool),
+		Metrics:         metrics,
+		Logger:          logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inboxworker: %s", strings.TrimPrefix(err.Error(), "consumer: "))
+	}
+	return &Worker{consumer: c, store: store}, nil
+}
+
+// Run consumes until ctx is cancelled, purging expired keys meanwhile. Then it stops fetching, lets
+// the messages in flight finish within Config.ShutdownTimeout (after which their work is cancelled
+// and rolled back: nothing is committed half), commits the offsets of what finished, leaves the
+// group and returns nil. It returns an error only when it cannot run at all. Run may be called once.
+func (w *Worker) Run(ctx context.Context) error {
+	purge, stopPurge := context.WithCancel(ctx)
+	var purger sync.WaitGroup
+	purger.Go(func() { w.store.RunPurger(purge, 0) })
+	defer purger.Wait()
+	defer stopPurge()
+	return w.consumer.Run(ctx)
+}
+
+// Ready reports whether the worker is a member of its group, with its partitions assigned.
+func (w *Worker) Ready() bool { return w.consumer.Ready() }
+
+// Migrate applies the pending migrations of the worker's tables (the inbox, its leases, its park,
+// dead letters, and those of the bundled routes) to the database of pool, in the schema of its
+// search_path. It is safe to run from several processes at once, and does nothing when nothing is
+// pending.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := migrations.Up(ctx, pool, nil)
+	return err
+}
