@@ -13,6 +13,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kversion"
 )
 
+// ClientID is the client ID of this package's clients, for tests to name theirs by, so that a
+// Floor's record tells them from the clients under test.
+const ClientID = "kafkatest"
+
 // Cluster is a running in-memory broker.
 type Cluster struct {
 	*kfake.Cluster
@@ -60,7 +64,7 @@ func startKfake(tb testing.TB, opts ...kfake.Opt) *kfake.Cluster {
 }
 
 func newCluster(tb testing.TB, c *kfake.Cluster, addr string, floor *Floor) *Cluster {
-	transport := &kafka.Transport{}
+	transport := &kafka.Transport{ClientID: ClientID}
 	tb.Cleanup(transport.CloseIdleConnections)
 	return &Cluster{Cluster: c, Addr: addr, Client: &kafka.Client{Addr: kafka.TCP(addr), Transport: transport}, Floor: floor}
 }
@@ -69,7 +73,7 @@ func newCluster(tb testing.TB, c *kfake.Cluster, addr string, floor *Floor) *Clu
 // partition of their key (kafka-go's Hash balancer, as producers of order and phone keys do).
 func (c *Cluster) Produce(tb testing.TB, topic string, msgs ...kafka.Message) {
 	tb.Helper()
-	transport := &kafka.Transport{}
+	transport := &kafka.Transport{ClientID: ClientID}
 	defer transport.CloseIdleConnections()
 	w := &kafka.Writer{
 		Addr:         kafka.TCP(c.Addr),
@@ -94,7 +98,7 @@ func (c *Cluster) ReadAll(tb testing.TB, topic string, partition int) []kafka.Me
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := kafka.DialLeader(ctx, "tcp", c.Addr, topic, partition)
+	conn, err := (&kafka.Dialer{ClientID: ClientID}).DialLeader(ctx, "tcp", c.Addr, topic, partition)
 	if err != nil {
 		tb.Fatalf("kafkatest: dial %s/%d: %v", topic, partition, err)
 	}
@@ -111,6 +115,7 @@ func (c *Cluster) ReadAll(tb testing.TB, topic string, partition int) []kafka.Me
 		Topic:     topic,
 		Partition: partition,
 		MaxWait:   100 * time.Millisecond,
+		Dialer:    &kafka.Dialer{ClientID: ClientID, Timeout: 10 * time.Second},
 	})
 	defer r.Close()
 	if err := r.SetOffset(first); err != nil {
