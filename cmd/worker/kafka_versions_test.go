@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"regexp"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -288,4 +289,30 @@ func versionsSASL(t *testing.T) *kafkatest.Floor {
 		t.Fatalf("exit code %d after SIGTERM, want 0", code)
 	}
 	return floor
+}
+
+// TestComposeKafkaImage checks that docker-compose.yml runs an Apache Kafka release the worker is
+// held to (4.1.x, or 4.0.x from 4.0.1), and that the Kafka section of docs/operations.md names it.
+func TestComposeKafkaImage(t *testing.T) {
+	t.Parallel()
+	compose, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	images := regexp.MustCompile(`(?m)^\s+image: (apache/kafka:(\d+)\.(\d+)\.(\d+))$`).FindAllStringSubmatch(string(compose), -1)
+	if len(images) == 0 {
+		t.Fatal("docker-compose.yml runs no apache/kafka image")
+	}
+	docs, err := os.ReadFile(docsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range images {
+		if release := m[2] + "." + m[3]; release != "4.1" && (release != "4.0" || m[4] == "0") {
+			t.Errorf("docker-compose.yml runs %s; the tests hold the worker to Kafka 4.1 (and 4.0.1 and later)", m[1])
+		}
+		if !strings.Contains(string(docs), "`"+m[1]+"`") {
+			t.Errorf("%s does not name %s, the image docker-compose.yml runs", docsFile, m[1])
+		}
+	}
 }
