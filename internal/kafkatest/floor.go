@@ -30,7 +30,8 @@ import (
 // the hooks to the tests that inject faults with them. It costs a loopback hop per request, a TLS
 // listener of its own when the clients use TLS, and the broker addresses rewritten in Metadata,
 // FindCoordinator and DescribeCluster answers so that clients keep coming through it. One broker
-// only: every broker address becomes the proxy's.
+// only: every broker address becomes the proxy's. SASL is passed through framed, as SaslHandshake
+// v1 and SaslAuthenticate carry it; v0's unframed tokens are not.
 type Floor struct {
 	// Addr is the proxy's address: clients bootstrap from it.
 	Addr string

@@ -1,5 +1,9 @@
 // Package kafkatest starts an in-process Kafka broker for tests (kfake: the real wire protocol, in
-// memory) and produces to and reads from it with kafka-go, the client production uses.
+// memory) and produces to and reads from it with kafka-go, the client production uses. With
+// StartKafka41 the broker sits behind a Floor, which holds every request to the protocol versions
+// an Apache Kafka 4.1 broker serves, as kfake alone does not.
+//
+// It does not start real Kafka, and a Floor fronts one broker only.
 package kafkatest
 
 import (
