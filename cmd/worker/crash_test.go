@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/notify/notifytest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
@@ -24,7 +23,7 @@ import (
 // delivers it once; the notification is recorded once.
 func TestSMSCrashAfterProviderAccepted(t *testing.T) {
 	t.Parallel()
-	cluster := kafkatest.Start(t, 1, topicPayments, topicSMS, topicPayments+".dlq", topicSMS+".dlq")
+	cluster := startBroker(t, 1, topicPayments, topicSMS, topicPayments+".dlq", topicSMS+".dlq")
 	db := pgtest.Schema(t)
 	provider := notifytest.NewProvider(t)
 
@@ -112,7 +111,7 @@ func TestSMSCrashAfterProviderAccepted(t *testing.T) {
 func TestSMSCrashWithSendsInFlight(t *testing.T) {
 	t.Parallel()
 	const inFlight, poolSize = 64, 4
-	cluster := kafkatest.Start(t, 1, topicPayments, topicPayments+".dlq", topicSMS+".dlq")
+	cluster := startBroker(t, 1, topicPayments, topicPayments+".dlq", topicSMS+".dlq")
 	createTopic(t, cluster.Addr, topicSMS, inFlight)
 	db := pgtest.Schema(t)
 	provider := notifytest.NewProvider(t)

@@ -49,7 +49,7 @@ type environment struct {
 
 // embeddedEnvironment is an in-process broker (kfake) and a fresh schema on the local Postgres.
 func embeddedEnvironment(t *testing.T) *environment {
-	cluster := kafkatest.Start(t, partitions, topicPayments, topicSMS, topicPayments+".dlq", topicSMS+".dlq")
+	cluster := startBroker(t, partitions, topicPayments, topicSMS, topicPayments+".dlq", topicSMS+".dlq")
 	db := pgtest.Schema(t)
 	return &environment{brokers: cluster.Addr, databaseURL: db.URL, pool: db.Pool,
 		sessionTimeout: "1s", startupTimeout: "10s"}
@@ -367,7 +367,7 @@ func sms(key, phone string) kafka.Message {
 
 // kafkaClient returns a kafka-go client of brokers with a transport of its own, closed with the test.
 func kafkaClient(t *testing.T, brokers string) *kafka.Client {
-	transport := &kafka.Transport{}
+	transport := &kafka.Transport{ClientID: kafkatest.ClientID}
 	t.Cleanup(transport.CloseIdleConnections)
 	return &kafka.Client{Addr: kafka.TCP(strings.Split(brokers, ",")...), Transport: transport, Timeout: 10 * time.Second}
 }
@@ -392,7 +392,7 @@ func createTopics(t *testing.T, brokers string, topics ...string) {
 // produce writes msgs to topic, each to the partition of its key.
 func produce(t *testing.T, brokers, topic string, msgs ...kafka.Message) {
 	t.Helper()
-	transport := &kafka.Transport{}
+	transport := &kafka.Transport{ClientID: kafkatest.ClientID}
 	defer transport.CloseIdleConnections()
 	w := &kafka.Writer{Addr: kafka.TCP(strings.Split(brokers, ",")...), Transport: transport, Topic: topic,
 		Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, BatchSize: len(msgs), BatchTimeout: time.Millisecond}

@@ -17,8 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
-
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
 
@@ -28,22 +26,11 @@ import (
 func TestKafkaSASLOverTLS(t *testing.T) {
 	t.Parallel()
 	serverTLS, caFile := selfSignedTLS(t)
-	cluster, err := kfake.NewCluster(
-		kfake.NumBrokers(1),
-		kfake.SeedTopics(1, topicPayments, topicSMS, topicPayments+".dlq", topicSMS+".dlq"),
-		kfake.GroupMinSessionTimeout(100*time.Millisecond),
-		kfake.EnableSASL(),
-		kfake.Superuser("SCRAM-SHA-512", "app", "kafka-s3cret"),
-		kfake.TLS(serverTLS),
-	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cluster.Close)
+	addr, _ := startSASLBroker(t, serverTLS, floorMode())
 	db := pgtest.Schema(t)
 	env := func(password string) []string {
 		return []string{
-			"KAFKA_BROKERS=" + cluster.ListenAddrs()[0],
+			"KAFKA_BROKERS=" + addr,
 			"KAFKA_SASL_MECHANISM=SCRAM-SHA-512",
 			"KAFKA_USERNAME=app",
 			"KAFKA_PASSWORD=" + password,
@@ -77,7 +64,7 @@ func TestKafkaSASLOverTLS(t *testing.T) {
 		// A real broker answers SaslAuthenticationFailed, and the worker names KAFKA_USERNAME at
 		// once; kfake hangs up instead, which the worker cannot tell from a broker down.
 		_, lines := p.output()
-		want := fmt.Sprintf("worker: KAFKA_BROKERS: Kafka at %s unreachable after 3s: ", cluster.ListenAddrs()[0])
+		want := fmt.Sprintf("worker: KAFKA_BROKERS: Kafka at %s unreachable after 3s: ", addr)
 		hint := "(the brokers hung up: check KAFKA_TLS, KAFKA_SASL_MECHANISM, KAFKA_USERNAME and KAFKA_PASSWORD)"
 		if last := lines[len(lines)-1]; !strings.HasPrefix(last, want) || !strings.HasSuffix(last, hint) {
 			t.Errorf("last line %q, want %q…%q", last, want, hint)

@@ -5,7 +5,6 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
 
@@ -13,7 +12,7 @@ import (
 // start (then every 10 minutes), deleting expired keys and keeping the others.
 func TestRunPurges(t *testing.T) {
 	t.Parallel()
-	cluster := kafkatest.Start(t, 1, topicPayments, topicSMS, topicPayments+".dlq", topicSMS+".dlq")
+	cluster := startBroker(t, 1, topicPayments, topicSMS, topicPayments+".dlq", topicSMS+".dlq")
 	db := pgtest.Schema(t)
 	ctx := context.Background()
 	if _, err := db.Pool.Exec(ctx, `

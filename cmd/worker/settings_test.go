@@ -21,7 +21,7 @@ import (
 func TestRunSettings(t *testing.T) {
 	t.Parallel()
 	const pay, sms2 = "shop.payments", "shop.sms"
-	cluster := kafkatest.Start(t, 1, pay, sms2, pay+".dead", sms2+".dead")
+	cluster := startBroker(t, 1, pay, sms2, pay+".dead", sms2+".dead")
 	db := pgtest.Schema(t)
 	p := startWorker(t, []string{
 		"KAFKA_BROKERS=" + cluster.Addr,

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/notify/notifytest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
@@ -29,7 +28,7 @@ func TestShutdown(t *testing.T) {
 }
 
 func testShutdown(t *testing.T, timeoutRunsOut bool) {
-	cluster := kafkatest.Start(t, 1, topicPayments, topicSMS, topicPayments+".dlq", topicSMS+".dlq")
+	cluster := startBroker(t, 1, topicPayments, topicSMS, topicPayments+".dlq", topicSMS+".dlq")
 	db := pgtest.Schema(t)
 	provider := notifytest.NewProvider(t)
 	delivered, release := make(chan struct{}), make(chan struct{})

@@ -47,13 +47,23 @@ func Start(ctx context.Context, addr string, topics []string, dlqSuffix string, 
 		}
 	}()
 
+	if err = CreateTopics(ctx, b.Addr, topics, dlqSuffix); err != nil {
+		return nil, fmt.Errorf("create the topics of the embedded broker: %w", err)
+	}
+	logger.Info("embedded Kafka broker listening", slog.String("addr", b.Addr))
+	return b, nil
+}
+
+// CreateTopics creates topics and their dead-letter topics (topic + dlqSuffix), Partitions each, on
+// the broker at addr, as Start does on the embedded broker.
+func CreateTopics(ctx context.Context, addr string, topics []string, dlqSuffix string) error {
 	req := &kafka.CreateTopicsRequest{}
 	for _, t := range topics {
 		for _, name := range []string{t, t + dlqSuffix} {
 			req.Topics = append(req.Topics, kafka.TopicConfig{Topic: name, NumPartitions: Partitions, ReplicationFactor: 1})
 		}
 	}
-	client, closeClient := Client(b.Addr)
+	client, closeClient := Client(addr)
 	defer closeClient()
 	resp, err := client.CreateTopics(ctx, req)
 	if err == nil {
@@ -61,11 +71,7 @@ func Start(ctx context.Context, addr string, topics []string, dlqSuffix string, 
 			err = cmp.Or(err, e)
 		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("create the topics of the embedded broker: %w", err)
-	}
-	logger.Info("embedded Kafka broker listening", slog.String("addr", b.Addr))
-	return b, nil
+	return err
 }
 
 // Client is a kafka-go client of the broker at addr. Call the returned function when done.

@@ -1,5 +1,9 @@
 // Package kafkatest starts an in-process Kafka broker for tests (kfake: the real wire protocol, in
-// memory) and produces to and reads from it with kafka-go, the client production uses.
+// memory) and produces to and reads from it with kafka-go, the client production uses. With
+// StartKafka41 the broker sits behind a Floor, which holds every request to the protocol versions
+// an Apache Kafka 4.1 broker serves, as kfake alone does not.
+//
+// It does not start real Kafka, and a Floor fronts one broker only.
 package kafkatest
 
 import (
@@ -10,42 +14,70 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kversion"
 )
+
+// ClientID is the client ID of this package's clients, for tests to name theirs by, so that a
+// Floor's record tells them from the clients under test.
+const ClientID = "kafkatest"
 
 // Cluster is a running in-memory broker.
 type Cluster struct {
 	*kfake.Cluster
-	// Addr is the broker's address.
+	// Addr is the broker's address: kfake's own, or its Floor's.
 	Addr string
 	// Client is a client of the broker whose connections are kept for the test's next request:
 	// tests poll committed offsets every few milliseconds.
 	Client *kafka.Client
+	// Floor holds the requests to Kafka 4.1's versions; nil for a plain kfake cluster (Start).
+	Floor *Floor
 }
 
 // Start starts a one-broker cluster with topics created (partitions each), closed when the test
 // ends. Group session timeouts down to 100ms are accepted, so crash tests need not wait 6s.
+//
+// kfake accepts protocol versions that Kafka 4.x no longer serves; StartKafka41 does not.
 func Start(tb testing.TB, partitions int32, topics ...string) *Cluster {
 	tb.Helper()
-	c, err := kfake.NewCluster(
+	c := startKfake(tb, kfake.SeedTopics(partitions, topics...))
+	return newCluster(tb, c, c.ListenAddrs()[0], nil)
+}
+
+// StartKafka41 starts a cluster as Start does, behind a Floor: clients reach it at Addr, where
+// every request is held to the versions an Apache Kafka 4.1 broker serves and recorded, and the test
+// fails, with the table of what was sent, on any request outside them. kfake itself is capped at
+// 4.1's maximum versions and features (kversion.V4_1_0).
+func StartKafka41(tb testing.TB, partitions int32, topics ...string) *Cluster {
+	tb.Helper()
+	c := startKfake(tb, kfake.SeedTopics(partitions, topics...), kfake.MaxVersions(kversion.V4_1_0()))
+	floor := StartFloor(tb, c.ListenAddrs()[0], nil)
+	return newCluster(tb, c, floor.Addr, floor)
+}
+
+func startKfake(tb testing.TB, opts ...kfake.Opt) *kfake.Cluster {
+	tb.Helper()
+	c, err := kfake.NewCluster(append([]kfake.Opt{
 		kfake.NumBrokers(1),
-		kfake.SeedTopics(partitions, topics...),
-		kfake.GroupMinSessionTimeout(100*time.Millisecond),
-	)
+		kfake.GroupMinSessionTimeout(100 * time.Millisecond),
+	}, opts...)...)
 	if err != nil {
 		tb.Fatalf("kafkatest: start broker: %v", err)
 	}
 	tb.Cleanup(c.Close)
-	addr := c.ListenAddrs()[0]
-	transport := &kafka.Transport{}
+	return c
+}
+
+func newCluster(tb testing.TB, c *kfake.Cluster, addr string, floor *Floor) *Cluster {
+	transport := &kafka.Transport{ClientID: ClientID}
 	tb.Cleanup(transport.CloseIdleConnections)
-	return &Cluster{Cluster: c, Addr: addr, Client: &kafka.Client{Addr: kafka.TCP(addr), Transport: transport}}
+	return &Cluster{Cluster: c, Addr: addr, Client: &kafka.Client{Addr: kafka.TCP(addr), Transport: transport}, Floor: floor}
 }
 
 // Produce writes msgs to topic and waits for the broker's acknowledgement. Messages go to the
 // partition of their key (kafka-go's Hash balancer, as producers of order and phone keys do).
 func (c *Cluster) Produce(tb testing.TB, topic string, msgs ...kafka.Message) {
 	tb.Helper()
-	transport := &kafka.Transport{}
+	transport := &kafka.Transport{ClientID: ClientID}
 	defer transport.CloseIdleConnections()
 	w := &kafka.Writer{
 		Addr:         kafka.TCP(c.Addr),
@@ -70,7 +102,7 @@ func (c *Cluster) ReadAll(tb testing.TB, topic string, partition int) []kafka.Me
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := kafka.DialLeader(ctx, "tcp", c.Addr, topic, partition)
+	conn, err := (&kafka.Dialer{ClientID: ClientID}).DialLeader(ctx, "tcp", c.Addr, topic, partition)
 	if err != nil {
 		tb.Fatalf("kafkatest: dial %s/%d: %v", topic, partition, err)
 	}
@@ -87,6 +119,7 @@ func (c *Cluster) ReadAll(tb testing.TB, topic string, partition int) []kafka.Me
 		Topic:     topic,
 		Partition: partition,
 		MaxWait:   100 * time.Millisecond,
+		Dialer:    &kafka.Dialer{ClientID: ClientID, Timeout: 10 * time.Second},
 	})
 	defer r.Close()
 	if err := r.SetOffset(first); err != nil {
