@@ -117,7 +117,7 @@ func TestBoundsPassTheConsumer(t *testing.T) {
 			env := maps.Clone(compatible)
 			env[s.Env] = v
 			cfg := parseConfig(t, env, "run")
-			consumed, retention, err := consumedRoutes(cfg, logger)
+			consumed, retention, err := consumedRoutes(cfg, logger, nil)
 			if err != nil {
 				t.Fatalf("%s=%s: %v", s.Env, v, err)
 			}

@@ -24,6 +24,7 @@ import (
 	"strings"
 
 	"github.com/inboxworker/inboxworker/internal/envflag"
+	"github.com/inboxworker/inboxworker/internal/tracing"
 )
 
 // Main runs the command in args (os.Args[1:]) with the environment read through getenv, and returns
@@ -126,6 +127,11 @@ func (a *app) main(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.used = cmd.selected()
+	if cmd.use&useTracing != 0 {
+		if err := tracing.Check(a.getenv); err != nil {
+			return err // an OTEL_* variable the worker cannot honour, like a bad setting
+		}
+	}
 	err = cmd.run(ctx, a, cfg, positional)
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		// Stopped by SIGTERM/SIGINT before it was up (waiting for a dependency, say): a clean stop.

@@ -99,6 +99,13 @@ func Setup(ctx context.Context, config Config) (*Tracer, error) {
 	return t, nil
 }
 
+// Check returns the error Setup would return for the variables of getenv (nil when they are fine),
+// without setting anything up: a command checks its settings before it starts anything.
+func Check(getenv func(string) string) error {
+	_, err := readEnv(getenv)
+	return err
+}
+
 // serviceName is the service.name of res.
 func serviceName(res *resource.Resource) string {
 	v, _ := res.Set().Value(semconv.ServiceNameKey)

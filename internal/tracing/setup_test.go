@@ -175,6 +175,9 @@ func TestSetupOff(t *testing.T) {
 			if ctx != context.Background() {
 				t.Error("tracing is on, want off")
 			}
+			if err := tracing.Check(env(vars)); err != nil {
+				t.Errorf("Check: %v, want nil", err)
+			}
 		})
 	}
 }
@@ -215,6 +218,9 @@ func TestSetupErrors(t *testing.T) {
 			}
 			if tracer != nil {
 				t.Errorf("Setup returned a Tracer with its error")
+			}
+			if err := tracing.Check(env(tt.vars)); err == nil || err.Error() != tt.want {
+				t.Errorf("Check: %v, want %q", err, tt.want)
 			}
 		})
 	}
