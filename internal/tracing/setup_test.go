@@ -4,79 +4,18 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
-
-	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
-	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxworker/inboxworker/internal/envflag"
 	"github.com/inboxworker/inboxworker/internal/tracing"
+	"github.com/inboxworker/inboxworker/internal/tracing/tracingtest"
 )
-
-// collector is an OTLP/HTTP endpoint that keeps the spans posted to it.
-type collector struct {
-	URL string
-
-	mu    sync.Mutex
-	paths []string
-	spans []*tracepb.ResourceSpans
-}
-
-func newCollector(t *testing.T) *collector {
-	t.Helper()
-	c := &collector{}
-	srv := httptest.NewServer(http.HandlerFunc(c.serve))
-	t.Cleanup(srv.Close)
-	c.URL = srv.URL
-	return c
-}
-
-func (c *collector) serve(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(r.Body)
-	var req coltracepb.ExportTraceServiceRequest
-	if err != nil || r.Header.Get("Content-Type") != "application/x-protobuf" || proto.Unmarshal(body, &req) != nil {
-		http.Error(w, "not an OTLP/HTTP protobuf export", http.StatusBadRequest)
-		return
-	}
-	c.mu.Lock()
-	c.paths = append(c.paths, r.URL.Path)
-	c.spans = append(c.spans, req.ResourceSpans...)
-	c.mu.Unlock()
-	out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
-	w.Header().Set("Content-Type", "application/x-protobuf")
-	_, _ = w.Write(out)
-}
-
-// received returns the paths posted to and, by span name, the service.name of the spans received.
-func (c *collector) received() (paths []string, services map[string]string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	services = map[string]string{}
-	for _, rs := range c.spans {
-		var service string
-		for _, kv := range rs.GetResource().GetAttributes() {
-			if kv.Key == "service.name" {
-				service = kv.GetValue().GetStringValue()
-			}
-		}
-		for _, ss := range rs.ScopeSpans {
-			for _, s := range ss.Spans {
-				services[s.Name] = service
-			}
-		}
-	}
-	return append([]string(nil), c.paths...), services
-}
 
 // lockedBuffer is a log's output that the SDK's error handler, which is the process's, may write
 // to from any test.
@@ -125,7 +64,7 @@ func TestSetupExports(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			c := newCollector(t)
+			c := tracingtest.NewCollector(t)
 			logs := &lockedBuffer{}
 			tracer, err := tracing.Setup(context.Background(), tracing.Config{Getenv: env(tt.vars(c.URL)),
 				Logger: slog.New(slog.NewTextHandler(logs, nil))})
@@ -137,12 +76,13 @@ func TestSetupExports(t *testing.T) {
 			if err := tracer.Shutdown(context.Background()); err != nil {
 				t.Fatalf("Shutdown: %v", err)
 			}
-			paths, services := c.received()
-			if len(paths) == 0 || paths[0] != tt.path {
+			if paths := c.Paths(); len(paths) == 0 || paths[0] != tt.path {
 				t.Errorf("exports posted to %v, want %s", paths, tt.path)
 			}
-			if got, ok := services["process payments.callbacks"]; !ok || got != tt.service {
-				t.Errorf("the message's span: received %v, service.name %q; want service %q", ok, got, tt.service)
+			spans := c.Spans()
+			if len(spans) != 1 || spans[0].Name != "process payments.callbacks" || spans[0].Service != tt.service ||
+				spans[0].Scope != tracing.ScopeName {
+				t.Errorf("received %+v, want the message's span, of service %q and scope %s", spans, tt.service, tracing.ScopeName)
 			}
 			if !strings.Contains(logs.String(), "tracing is on") {
 				t.Errorf("no line says that tracing is on: %s", logs.String())
@@ -245,7 +185,7 @@ func TestSetupSampler(t *testing.T) {
 		t.Run(tt.sampler+"/"+tt.arg+"/"+tt.traceparent, func(t *testing.T) {
 			t.Parallel()
 			tracer, err := tracing.Setup(context.Background(), tracing.Config{Getenv: env(map[string]string{
-				"OTEL_EXPORTER_OTLP_ENDPOINT": newCollector(t).URL, "OTEL_TRACES_SAMPLER": tt.sampler,
+				"OTEL_EXPORTER_OTLP_ENDPOINT": tracingtest.NewCollector(t).URL, "OTEL_TRACES_SAMPLER": tt.sampler,
 				"OTEL_TRACES_SAMPLER_ARG": tt.arg}), Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatal(err)
