@@ -84,7 +84,8 @@ func Setup(ctx context.Context, config Config) (*Tracer, error) {
 	}
 	// The SDK's errors go to the worker's log, as JSON lines like the others, not to stderr.
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		logger.Warn("tracing: "+redact.URL(err.Error()), slog.String("endpoint", redact.URL(env.endpoint)))
+		logger.Warn("tracing: the OpenTelemetry SDK failed; spans it could not export are dropped",
+			slog.String("error", redact.URL(err.Error())), slog.String("endpoint", redact.URL(env.endpoint)))
 	}))
 	provider := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exporter), // OTEL_BSP_* tune it
