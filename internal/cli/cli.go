@@ -122,15 +122,9 @@ func (a *app) main(ctx context.Context, args []string) error {
 	if len(positional) > cmd.maxArgs {
 		return fmt.Errorf("unexpected argument %q (see worker %s --help)", positional[cmd.maxArgs], cmd.name)
 	}
-	cfg, err := resolve(fs, a.getenv)
+	cfg, err := cmd.resolve(fs, a.getenv)
 	if err != nil {
 		return err
-	}
-	cfg.used = cmd.selected()
-	if cmd.use&useTracing != 0 {
-		if err := tracing.Check(a.getenv); err != nil {
-			return err // an OTEL_* variable the worker cannot honour, like a bad setting
-		}
 	}
 	err = cmd.run(ctx, a, cfg, positional)
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
@@ -138,6 +132,23 @@ func (a *app) main(ctx context.Context, args []string) error {
 		return nil
 	}
 	return err
+}
+
+// resolve resolves the command's settings (see resolve) and, for a command that traces, checks
+// OpenTelemetry's OTEL_* variables: one the worker cannot honour is refused as a bad setting is,
+// before anything starts.
+func (c *command) resolve(fs *envflag.Set[Config], getenv func(string) string) (*Config, error) {
+	cfg, err := resolve(fs, getenv)
+	if err != nil {
+		return nil, err
+	}
+	cfg.used = c.selected()
+	if c.use&useTracing != 0 {
+		if err := tracing.Check(getenv); err != nil {
+			return nil, err
+		}
+	}
+	return cfg, nil
 }
 
 func findCommand(name string) *command {
