@@ -45,6 +45,20 @@ func TestStartupErrors(t *testing.T) {
 			onlyLine: true,
 		},
 		{
+			name:     "BadTraceSampler",
+			env:      []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318", "OTEL_TRACES_SAMPLER=ratio"},
+			args:     []string{"run"},
+			want:     `worker: OTEL_TRACES_SAMPLER: unsupported sampler "ratio" (use parentbased_always_on, parentbased_always_off, parentbased_traceidratio, always_on, always_off or traceidratio)`,
+			onlyLine: true,
+		},
+		{
+			name:     "TraceEndpointNotHTTP",
+			env:      []string{"OTEL_EXPORTER_OTLP_ENDPOINT=grpc://otel:s3cret@collector:4317"},
+			args:     []string{"demo"},
+			want:     `worker: OTEL_EXPORTER_OTLP_ENDPOINT: invalid URL "grpc://otel:xxxxx@collector:4317" (want http:// or https://, e.g. http://localhost:4318)`,
+			onlyLine: true,
+		},
+		{
 			name:     "UnknownFlag",
 			args:     []string{"run", "--retry-max=1s"},
 			want:     `worker: unknown flag --retry-max (see worker run --help)`,

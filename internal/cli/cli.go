@@ -24,6 +24,7 @@ import (
 	"strings"
 
 	"github.com/inboxworker/inboxworker/internal/envflag"
+	"github.com/inboxworker/inboxworker/internal/tracing"
 )
 
 // Main runs the command in args (os.Args[1:]) with the environment read through getenv, and returns
@@ -124,17 +125,33 @@ func (a *app) main(ctx context.Context, args []string) error {
 	if len(positional) > cmd.maxArgs {
 		return fmt.Errorf("unexpected argument %q (see worker %s --help)", positional[cmd.maxArgs], cmd.name)
 	}
-	cfg, err := resolve(fs, a.getenv, a.routes, all)
+	cfg, err := cmd.resolve(fs, a.getenv, a.routes, all)
 	if err != nil {
 		return err
 	}
-	cfg.used = cmd.selected(all)
 	err = cmd.run(ctx, a, cfg, positional)
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		// Stopped by SIGTERM/SIGINT before it was up (waiting for a dependency, say): a clean stop.
 		return nil
 	}
 	return err
+}
+
+// resolve resolves the command's settings (see resolve) and, for a command that traces, checks
+// OpenTelemetry's OTEL_* variables: one the worker cannot honour is refused as a bad setting is,
+// before anything starts.
+func (c *command) resolve(fs *envflag.Set[Config], getenv func(string) string, routes []routeRow, all []*setting) (*Config, error) {
+	cfg, err := resolve(fs, getenv, routes, all)
+	if err != nil {
+		return nil, err
+	}
+	cfg.used = c.selected(all)
+	if c.use&useTracing != 0 {
+		if err := tracing.Check(getenv); err != nil {
+			return nil, err
+		}
+	}
+	return cfg, nil
 }
 
 func findCommand(name string) *command {

@@ -226,7 +226,7 @@ func (c *Config) check(name func(env string) string) error {
 	}
 	// The provider's URL and token are checked by the sender itself, here rather than once the
 	// connections are made.
-	if _, se := providerSender(c); se != nil {
+	if _, se := providerSender(c, nil); se != nil {
 		se.Name = name(se.Name)
 		return se
 	}

@@ -67,7 +67,7 @@ func playDemo(ctx context.Context, a *app, cfg *Config, logger *slog.Logger, bro
 	if err := demo.ResetSchema(ctx, pool); err != nil {
 		return err
 	}
-	w, err := newWorker(ctx, cfg, logger, workerOptions{schema: demo.Schema, migrate: true})
+	w, err := newWorker(ctx, cfg, logger, workerOptions{getenv: a.getenv, schema: demo.Schema, migrate: true})
 	if err != nil {
 		return err
 	}

@@ -37,7 +37,7 @@ func dev(ctx context.Context, a *app, cfg *Config, _ []string) error {
 	printHowTo(a.stdout, broker.Addr, cfg)
 
 	logStart(ctx, logger, "dev", cfg)
-	w, err := newWorker(ctx, cfg, logger, workerOptions{migrate: true, serveHTTP: true})
+	w, err := newWorker(ctx, cfg, logger, workerOptions{getenv: a.getenv, migrate: true, serveHTTP: true})
 	if err != nil {
 		return err
 	}

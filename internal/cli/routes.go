@@ -11,6 +11,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/payment"
 	"github.com/inboxworker/inboxworker/internal/startup"
+	"github.com/inboxworker/inboxworker/internal/tracing"
 )
 
 // A routeRow is one route of the binary, and all there is to it: its settings (its topic, how long
@@ -29,7 +30,7 @@ type routeRow struct {
 	// maxConcurrency bounds <NAME>_CONCURRENCY.
 	maxConcurrency int
 	// handler builds the route's handler: its Handler or its Call, of the route it returns.
-	handler func(cfg *Config, logger *slog.Logger) (inboxworker.Route, error)
+	handler func(cfg *Config, logger *slog.Logger, tracer *tracing.Tracer) (inboxworker.Route, error)
 }
 
 // bundledRoutes are the binary's routes.
@@ -37,15 +38,15 @@ var bundledRoutes = []routeRow{
 	{name: paymentsInbox, topic: "payments.callbacks", what: "payment callback",
 		concurrency: 4, maxConcurrency: 1000,
 		concurrencyHelp: "most payment transactions (batches) at once, across partitions; each holds a database connection",
-		handler: func(_ *Config, logger *slog.Logger) (inboxworker.Route, error) {
+		handler: func(_ *Config, logger *slog.Logger, _ *tracing.Tracer) (inboxworker.Route, error) {
 			h, err := payment.NewHandler(payment.Config{Logger: logger})
 			return inboxworker.Route{Handler: h}, err
 		}},
 	{name: smsInbox, topic: "notifications.sms", what: "SMS event",
 		concurrency: 128, maxConcurrency: 10000,
 		concurrencyHelp: "most SMS being sent at once, across partitions",
-		handler: func(cfg *Config, logger *slog.Logger) (inboxworker.Route, error) {
-			sender, err := smsSender(cfg, logger)
+		handler: func(cfg *Config, logger *slog.Logger, tracer *tracing.Tracer) (inboxworker.Route, error) {
+			sender, err := smsSender(cfg, logger, tracer)
 			if err != nil {
 				return inboxworker.Route{}, err
 			}
@@ -153,11 +154,12 @@ func (c *Config) topics() []string {
 	return out
 }
 
-// workerRoutes are the routes as the worker takes them, their handlers built.
-func (c *Config) workerRoutes(logger *slog.Logger) ([]inboxworker.Route, error) {
+// workerRoutes are the routes as the worker takes them, their handlers built, tracing what they
+// call with tracer.
+func (c *Config) workerRoutes(logger *slog.Logger, tracer *tracing.Tracer) ([]inboxworker.Route, error) {
 	var out []inboxworker.Route
 	for _, r := range c.routes {
-		route, err := r.handler(c, logger)
+		route, err := r.handler(c, logger, tracer)
 		if err != nil {
 			return nil, err
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/redact"
 	"github.com/inboxworker/inboxworker/internal/startup"
+	"github.com/inboxworker/inboxworker/internal/tracing"
 	"github.com/inboxworker/inboxworker/migrations"
 )
 
@@ -29,12 +30,13 @@ func runCommand() *command {
 		details: "Applies pending migrations (unless --no-migrate), joins the consumer group and consumes\n" +
 			"until SIGTERM or SIGINT, then stops fetching, lets in-flight messages finish within\n" +
 			"SHUTDOWN_TIMEOUT, commits their offsets and exits 0. Serves /healthz, /readyz and /metrics\n" +
-			"on HTTP_ADDR and purges expired idempotency keys in the background.",
+			"on HTTP_ADDR and purges expired idempotency keys in the background. Traces over OTLP/HTTP\n" +
+			"when OpenTelemetry's OTEL_EXPORTER_OTLP_ENDPOINT is set (see docs/operations.md).",
 		use: useRun,
 		run: func(ctx context.Context, a *app, cfg *Config, _ []string) error {
 			logger := newLogger(cfg, a.stderr)
 			logStart(ctx, logger, "run", cfg)
-			w, err := newWorker(ctx, cfg, logger, workerOptions{migrate: !cfg.NoMigrate, serveHTTP: true})
+			w, err := newWorker(ctx, cfg, logger, workerOptions{getenv: a.getenv, migrate: !cfg.NoMigrate, serveHTTP: true})
 			if err != nil {
 				return err
 			}
@@ -50,6 +52,8 @@ func logStart(ctx context.Context, logger *slog.Logger, command string, cfg *Con
 }
 
 type workerOptions struct {
+	// getenv reads OpenTelemetry's OTEL_* variables, which set tracing up (package tracing).
+	getenv func(string) string
 	// schema, when set, is the Postgres schema the worker works in (search_path).
 	schema string
 	// migrate applies pending migrations at start.
@@ -59,15 +63,18 @@ type workerOptions struct {
 }
 
 // worker is the assembled process: a database pool, the routes behind the worker of package
-// inboxworker, and the HTTP endpoints.
+// inboxworker, the HTTP endpoints and the tracer.
 type worker struct {
 	cfg       *Config
 	logger    *slog.Logger
+	tracer    *tracing.Tracer
 	pool      *pgxpool.Pool
 	worker    *inboxworker.Worker
 	registry  *prometheus.Registry
 	anomalies *anomalyGauge
 	ops       *opsServer
+	// stopBy is when SHUTDOWN_TIMEOUT runs out, once the worker is stopping; zero before.
+	stopBy time.Time
 }
 
 // newWorker connects to Postgres and Kafka (waiting up to STARTUP_TIMEOUT for each), migrates, and
@@ -79,6 +86,11 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 			w.close()
 		}
 	}()
+	// Off unless an OTLP endpoint is set; a variable it cannot honour ends the start here, before
+	// anything is reached.
+	if w.tracer, err = tracing.Setup(ctx, tracing.Config{Getenv: opts.getenv, Logger: logger}); err != nil {
+		return nil, err
+	}
 
 	w.registry = prometheus.NewRegistry()
 	w.registry.MustRegister(
@@ -135,7 +147,7 @@ func (w *worker) wire(ctx context.Context) error {
 	if err := checkKafka(ctx, cfg, logger); err != nil {
 		return err
 	}
-	routes, err := cfg.workerRoutes(logger)
+	routes, err := cfg.workerRoutes(logger, w.tracer)
 	if err != nil {
 		return err
 	}
@@ -210,8 +222,8 @@ func drainTimeout(shutdown time.Duration) time.Duration {
 }
 
 // smsSender is the HTTP gateway of SMS_PROVIDER_URL, or a sender that only logs when it is unset.
-func smsSender(cfg *Config, logger *slog.Logger) (notify.Sender, error) {
-	sender, se := providerSender(cfg)
+func smsSender(cfg *Config, logger *slog.Logger, tracer *tracing.Tracer) (notify.Sender, error) {
+	sender, se := providerSender(cfg, tracer)
 	switch {
 	case se != nil:
 		return nil, se
@@ -222,14 +234,15 @@ func smsSender(cfg *Config, logger *slog.Logger) (notify.Sender, error) {
 	return sender, nil
 }
 
-// providerSender is the HTTP gateway of SMS_PROVIDER_URL, nil when it is unset. The sender checks
-// the URL and the token itself; its errors are told here in the settings' terms, without the token
-// and with the URL masked.
-func providerSender(cfg *Config) (*notify.HTTPSender, *settingError) {
+// providerSender is the HTTP gateway of SMS_PROVIDER_URL, nil when it is unset, tracing its
+// requests with tracer. The sender checks the URL and the token itself; its errors are told here in
+// the settings' terms, without the token and with the URL masked.
+func providerSender(cfg *Config, tracer *tracing.Tracer) (*notify.HTTPSender, *settingError) {
 	if cfg.SMSProviderURL == "" {
 		return nil, nil
 	}
-	sender, err := notify.NewHTTPSender(notify.HTTPConfig{URL: cfg.SMSProviderURL, Token: cfg.SMSProviderToken})
+	sender, err := notify.NewHTTPSender(notify.HTTPConfig{URL: cfg.SMSProviderURL, Token: cfg.SMSProviderToken,
+		Tracer: tracer})
 	switch {
 	case errors.Is(err, notify.ErrInvalidToken):
 		return nil, &settingError{Name: "SMS_PROVIDER_TOKEN", Err: errors.New("must be printable ASCII without spaces")}
@@ -309,6 +322,7 @@ func (w *worker) run(ctx context.Context) (err error) {
 		w.ops.draining()
 	}
 	w.logger.Info("stopping: finishing in-flight messages", slog.Duration("shutdown_timeout", w.cfg.ShutdownTimeout))
+	w.stopBy = time.Now().Add(w.cfg.ShutdownTimeout)
 	timer := time.NewTimer(w.cfg.ShutdownTimeout)
 	defer timer.Stop()
 	select {
@@ -334,6 +348,8 @@ func (w *worker) stopped(err error) error {
 	return nil
 }
 
+// close releases everything, the tracer last: it exports the spans of all that ended, within what
+// is left of SHUTDOWN_TIMEOUT once the worker is stopping (else within tracingFlush).
 func (w *worker) close() {
 	if w.ops != nil {
 		_ = w.ops.listener.Close()
@@ -341,4 +357,17 @@ func (w *worker) close() {
 	if w.pool != nil {
 		w.pool.Close()
 	}
+	deadline := w.stopBy
+	if deadline.IsZero() {
+		deadline = time.Now().Add(tracingFlush)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	if err := w.tracer.Shutdown(ctx); err != nil {
+		w.logger.Warn("tracing: not every span was exported before the worker stopped", slog.String("error", redact.URL(err.Error())))
+	}
 }
+
+// tracingFlush bounds the export of the last spans when the worker did not stop on a signal (its
+// start failed, or the consumer stopped by itself).
+const tracingFlush = 5 * time.Second

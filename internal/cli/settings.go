@@ -34,6 +34,9 @@ const (
 	useDatabase = useRun | useMigrate | useDev | useDemo | useReplay | useParked
 	// useTopics are the commands that know the consumed topics.
 	useTopics = useWorker | useDemo
+	// useTracing are the commands that trace their work when OpenTelemetry's OTEL_* variables say
+	// so (package tracing): those that run the consumer.
+	useTracing = useWorker | useDemo
 )
 
 // How the startup line shows a secret's and a URL's value.

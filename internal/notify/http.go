@@ -18,6 +18,7 @@ import (
 
 	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/jsonobject"
+	"github.com/inboxworker/inboxworker/internal/tracing"
 )
 
 // HTTPConfig configures an HTTPSender.
@@ -31,6 +32,9 @@ type HTTPConfig struct {
 	// Client defaults to http.DefaultClient. The sender uses a copy of it that does not follow
 	// redirects; the client itself is not changed.
 	Client *http.Client
+	// Tracer records each request as a client span, child of the span in Send's context, and puts
+	// its trace context in the request's traceparent header. Defaults to none: no span, no header.
+	Tracer *tracing.Tracer
 }
 
 // HTTPSender sends SMS through the HTTP provider contract:
@@ -39,6 +43,7 @@ type HTTPConfig struct {
 //	Content-Type: application/json
 //	Idempotency-Key: <key>
 //	Authorization: Bearer <token>     (when a token is set)
+//	traceparent: 00-<trace>-<span>-01 (when tracing is on)
 //	{"to":"+8613800138000","template":"verify_code","params":{"code":"123456"},"reference":"<key>"}
 //
 // A 2xx answer is accepted; the "id" of its JSON body (a string, or a number taken as its text) is
@@ -63,6 +68,7 @@ type HTTPSender struct {
 	token   string
 	timeout time.Duration
 	client  *http.Client
+	tracer  *tracing.Tracer
 }
 
 // ErrInvalidToken is NewHTTPSender's error for a token that cannot go in an HTTP header. It does
@@ -91,6 +97,7 @@ func NewHTTPSender(config HTTPConfig) (*HTTPSender, error) {
 		token:   config.Token,
 		timeout: cmp.Or(config.Timeout, 5*time.Second),
 		client:  &client,
+		tracer:  config.Tracer,
 	}, nil
 }
 
@@ -131,19 +138,25 @@ func (s *HTTPSender) Send(ctx context.Context, sms SMS) (string, error) {
 	if s.token != "" {
 		req.Header.Set("Authorization", "Bearer "+s.token)
 	}
+	req, span := s.tracer.StartRequest(req)
+	defer span.End()
 
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return "", inboxworker.Retryable(s.transportError(ctx, err))
+		err = s.transportError(ctx, err)
+		span.Fail(transportErrorType(ctx), err)
+		return "", inboxworker.Retryable(err)
 	}
 	defer resp.Body.Close()
 	answer, readErr := io.ReadAll(io.LimitReader(resp.Body, maxAnswerRead))
+	span.SetHTTPStatus(resp.StatusCode)
 
 	switch code := resp.StatusCode; {
 	case code >= 200 && code < 300:
 		// Accepted, whatever happens to the rest of the answer.
 		return messageID(answer), nil
 	case code >= 300 && code < 400:
+		span.Fail(strconv.Itoa(code), nil) // a redirect is a refusal here
 		return "", inboxworker.Permanent(ProviderRejected, fmt.Errorf(
 			"sms provider: %s, a redirect to %s: redirects are not followed and never count as sent; "+
 				"set the provider URL to the endpoint itself", resp.Status, s.clean(s.redirectTarget(resp))))
@@ -170,6 +183,15 @@ func (s *HTTPSender) transportError(ctx context.Context, err error) error {
 		return fmt.Errorf("sms provider: no answer within %s: %w", s.timeout, err)
 	}
 	return fmt.Errorf("sms provider: request failed: %w", err)
+}
+
+// transportErrorType is the error.type of a request that got no answer: timeout or connection_error,
+// the contract's words for them.
+func transportErrorType(ctx context.Context) string {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return "timeout"
+	}
+	return "connection_error"
 }
 
 // messageID returns the "id" of a provider's JSON answer: a string, or a number as its text; "" when

@@ -13,7 +13,8 @@
 // time.
 //
 // Two senders: HTTPSender speaks the HTTP provider contract (Idempotency-Key header, JSON body, status
-// codes mapped to package fault); LogSender only logs, for development and for deployments without a
+// codes mapped to package fault; with a tracing.Tracer, a client span per request and its
+// traceparent header); LogSender only logs, for development and for deployments without a
 // provider. Phone numbers appear in logs and error text only masked (MaskPhone), the provider token
 // never.
 //

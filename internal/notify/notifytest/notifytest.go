@@ -30,6 +30,8 @@ type Request struct {
 	Key string
 	// Authorization is the Authorization header.
 	Authorization string
+	// Traceparent is the traceparent header (W3C Trace Context), "" without one.
+	Traceparent string
 	// The JSON body.
 	To        string
 	Template  string
@@ -198,7 +200,8 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var body requestBody
-	req := Request{Key: r.Header.Get("Idempotency-Key"), Authorization: r.Header.Get("Authorization")}
+	req := Request{Key: r.Header.Get("Idempotency-Key"), Authorization: r.Header.Get("Authorization"),
+		Traceparent: r.Header.Get("traceparent")}
 	switch err := json.Unmarshal(buf.Bytes(), &body); {
 	case req.Key == "":
 		answer(w, http.StatusBadRequest, map[string]string{"error": "Idempotency-Key header required"})
