@@ -250,7 +250,7 @@ func versionsRun(t *testing.T) *kafkatest.Floor {
 	}
 
 	// The worker is gone; its claim on the parked callback would last a while longer.
-	if _, err := db.Pool.Exec(ctx, `UPDATE inbox_parked SET claimed_by = NULL, claimed_until = NULL`); err != nil {
+	if _, err := db.Pool.Exec(ctx, `UPDATE inbox_parked SET held_by = NULL, held_until = NULL`); err != nil {
 		t.Fatal(err)
 	}
 	tools := []string{"KAFKA_BROKERS=" + cluster.Addr, "DATABASE_URL=" + db.URL, "STARTUP_TIMEOUT=10s"}

@@ -49,7 +49,7 @@ func (e *parkEnv) park(topic, orderKey string, offset int64, retryIn time.Durati
 		f(&p)
 	}
 	ctx := context.Background()
-	if _, err := e.store.Park(ctx, p, retryIn); err != nil {
+	if _, err := e.store.Park().Add(ctx, p, retryIn); err != nil {
 		e.t.Fatal(err)
 	}
 	var id int64
@@ -68,7 +68,7 @@ func (e *parkEnv) run(args ...string) result {
 
 func (e *parkEnv) ids() []int64 {
 	e.t.Helper()
-	list, err := e.store.List(context.Background(), "", 0)
+	list, err := e.store.Park().List(context.Background(), "", 0)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -211,17 +211,17 @@ func TestParkedDeadLetter(t *testing.T) {
 	behind := e.park("payments.callbacks", "A-1", 41, 0, nil)
 
 	// A worker is retrying the head: the operator is refused, and nothing is written.
-	taken, err := e.store.TakeDue(ctx, "payments.callbacks", 1, "worker", time.Hour, 10)
+	taken, err := e.store.Park().TakeDue(ctx, "payments.callbacks", 1, "worker", time.Hour, 10)
 	if err != nil || len(taken) != 0 {
 		t.Fatalf("TakeDue = %d, %v; want nothing due", len(taken), err)
 	}
-	if _, err := e.db.Pool.Exec(ctx, `UPDATE inbox_parked SET claimed_by = 'worker', claimed_until = now() + interval '1 hour' WHERE id = $1`, head); err != nil {
+	if _, err := e.db.Pool.Exec(ctx, `UPDATE inbox_parked SET held_by = 'worker', held_until = now() + interval '1 hour' WHERE id = $1`, head); err != nil {
 		t.Fatal(err)
 	}
 	if r := e.run("dead-letter", fmt.Sprint(head)); r.code != 1 || !strings.Contains(r.stderr, "the worker is retrying it right now") {
 		t.Errorf("dead-letter of a claimed message: exit %d, stderr %q", r.code, r.stderr)
 	}
-	if _, err := e.db.Pool.Exec(ctx, `UPDATE inbox_parked SET claimed_by = NULL, claimed_until = NULL`); err != nil {
+	if _, err := e.db.Pool.Exec(ctx, `UPDATE inbox_parked SET held_by = NULL, held_until = NULL`); err != nil {
 		t.Fatal(err)
 	}
 
@@ -259,7 +259,7 @@ func TestParkedDeadLetter(t *testing.T) {
 		t.Errorf("dead letter key %q value %q, want the original's", m.Key, m.Value)
 	}
 	// The key's next message is now its head, due.
-	taken, err = e.store.TakeDue(ctx, "payments.callbacks", 1, "worker", time.Hour, 10)
+	taken, err = e.store.Park().TakeDue(ctx, "payments.callbacks", 1, "worker", time.Hour, 10)
 	if err != nil || len(taken) != 1 || taken[0].ID != behind {
 		t.Errorf("TakeDue after = %+v, %v; want the message behind", taken, err)
 	}

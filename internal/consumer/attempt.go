@@ -113,7 +113,7 @@ func (rt *route) apply(ctx context.Context, a attempt, r *result) ([]inbox.Outco
 // applyParked runs a Handler on a's parked message, with its inbox row and its removal from the
 // park, in one transaction.
 func (rt *route) applyParked(ctx context.Context, a attempt, r *result) ([]inbox.Outcome, error) {
-	outcome, err := rt.store.ProcessParked(ctx, *a.parked, func(ctx context.Context, tx pgx.Tx) (err error) {
+	outcome, err := rt.store.Park().Process(ctx, *a.parked, func(ctx context.Context, tx pgx.Tx) (err error) {
 		r.ran[0] = 1
 		defer recoverHandler(ctx, a.log, &err)
 		return rt.Handler.Handle(ctx, tx, a.delivery(0))
@@ -164,7 +164,7 @@ func (rt *route) call(ctx context.Context, a attempt, r *result) ([]inbox.Outcom
 	var unpark inbox.Effect
 	if p := a.parked; p != nil {
 		unpark = func(ctx context.Context, tx pgx.Tx) error {
-			if err := rt.store.UnparkTx(ctx, tx, *p); err != nil && !errors.Is(err, inbox.ErrClaimLost) {
+			if err := rt.store.Park().RemoveTx(ctx, tx, *p); err != nil && !errors.Is(err, inbox.ErrHoldLost) {
 				return err
 			}
 			return nil
@@ -202,7 +202,7 @@ func (rt *route) call(ctx context.Context, a attempt, r *result) ([]inbox.Outcom
 	})
 	if err == nil && outcome == inbox.Duplicate && a.parked != nil {
 		// Recorded before, by another delivery: no call was made, and the parked message goes.
-		if err := rt.store.Remove(ctx, *a.parked); err != nil && !errors.Is(err, inbox.ErrClaimLost) {
+		if err := rt.store.Park().Remove(ctx, *a.parked); err != nil && !errors.Is(err, inbox.ErrHoldLost) {
 			return nil, err
 		}
 	}

@@ -192,8 +192,8 @@ type Config struct {
 	// park). With Ordering ByPartition nothing is parked: a message is retried in place until it
 	// is applied or its budget runs out. Defaults to 5s.
 	ParkAfter time.Duration
-	// ParkLease is how long a claim on a parked message lasts, so that one owner at a time retries
-	// it; the claim of an owner that died lapses after it. It must outlast an attempt. Defaults to
+	// ParkLease is how long a hold on a parked message lasts, so that one owner at a time retries
+	// it; the hold of an owner that died lapses after it. It must outlast an attempt. Defaults to
 	// twice AttemptTimeout.
 	ParkLease time.Duration
 	// Circuit configures the outage circuit of each route, which pauses the route while its failures

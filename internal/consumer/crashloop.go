@@ -92,7 +92,7 @@ func (g *crashGuard) load(ctx context.Context, from int64) {
 	var ranges []inbox.StartedRange
 	err := g.p.retryDatabase(ctx, "look up the partition's unfinished ranges", func(ctx context.Context) error {
 		var err error
-		ranges, err = g.p.c.config.Store.Started(ctx, g.where, from)
+		ranges, err = g.p.c.config.Store.StartLog().Unfinished(ctx, g.where, from)
 		return err
 	})
 	if err != nil {
@@ -177,7 +177,7 @@ func (g *crashGuard) record(ctx context.Context, r inbox.StartedRange) (int, boo
 	var starts int
 	err := p.retryDatabase(ctx, "record the start of a range of messages", func(ctx context.Context) error {
 		var err error
-		starts, err = p.c.config.Store.RecordStart(ctx, g.where, r, p.committed)
+		starts, err = p.c.config.Store.StartLog().Record(ctx, g.where, r, p.committed)
 		return err
 	})
 	if err != nil {
@@ -207,7 +207,7 @@ func (g *crashGuard) release(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
-	if err := g.p.c.config.Store.ReleaseStarts(ctx, g.where, firsts); err != nil {
+	if err := g.p.c.config.Store.StartLog().Release(ctx, g.where, firsts); err != nil {
 		g.p.log.Warn("cannot release the records of the partition's started ranges", "error", err)
 	}
 }

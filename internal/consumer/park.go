@@ -35,7 +35,7 @@ type parkedKeys struct {
 
 // loadParkedKeys reads the keys parked from topic's partition: a new owner's.
 func loadParkedKeys(ctx context.Context, store *inbox.Store, topic string, partition int) (*parkedKeys, error) {
-	keys, err := store.ParkedKeys(ctx, topic, int32(partition))
+	keys, err := store.Park().Keys(ctx, topic, int32(partition))
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +57,7 @@ func (k *parkedKeys) parked(orderingKey []byte) bool {
 func (k *parkedKeys) park(ctx context.Context, p inbox.Parked, retryIn time.Duration) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if _, err := k.store.Park(ctx, p, retryIn); err != nil {
+	if _, err := k.store.Park().Add(ctx, p, retryIn); err != nil {
 		return err
 	}
 	k.keys[string(p.OrderingKey)] = true
@@ -71,7 +71,7 @@ func (k *parkedKeys) parkBehind(ctx context.Context, p inbox.Parked) (bool, erro
 	if !k.keys[string(p.OrderingKey)] {
 		return false, nil
 	}
-	if _, err := k.store.Park(ctx, p, 0); err != nil {
+	if _, err := k.store.Park().Add(ctx, p, 0); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -81,7 +81,7 @@ func (k *parkedKeys) parkBehind(ctx context.Context, p inbox.Parked) (bool, erro
 func (k *parkedKeys) left(ctx context.Context, orderingKey []byte) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	parked, err := k.store.IsParked(ctx, k.topic, k.partition, orderingKey)
+	parked, err := k.store.Park().HasKey(ctx, k.topic, k.partition, orderingKey)
 	if err != nil {
 		return err
 	}
@@ -224,7 +224,7 @@ func reportParked(ctx context.Context, m *Metrics, store *inbox.Store, topics []
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		stats, err := store.Stats(ctx)
+		stats, err := store.Park().Stats(ctx)
 		if err == nil {
 			m.observe(topics, stats)
 		} else if ctx.Err() == nil {

@@ -149,7 +149,7 @@ func TestParkedOriginReused(t *testing.T) {
 		stale := inbox.Parked{Handler: handler, Topic: topic, Partition: 0, Offset: 0,
 			OrderingKey: []byte("korder-late-x"), IdempotencyKey: "late-x", MessageKey: []byte("order-late-x"),
 			Value: eventValue("late-x", 0)}
-		if _, err := config.Store.Park(context.Background(), stale, 0); err != nil {
+		if _, err := config.Store.Park().Add(context.Background(), stale, 0); err != nil {
 			t.Fatal(err)
 		}
 

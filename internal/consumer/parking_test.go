@@ -43,10 +43,10 @@ func TestParkedRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := store.Park(ctx, toParked(route, 3, m, key, []byte("order")), 0); err != nil {
+		if _, err := store.Park().Add(ctx, toParked(route, 3, m, key, []byte("order")), 0); err != nil {
 			t.Fatal(err)
 		}
-		taken, err := store.TakeDue(ctx, route.Topic, 3, "o", time.Minute, 1)
+		taken, err := store.Park().TakeDue(ctx, route.Topic, 3, "o", time.Minute, 1)
 		if err != nil || len(taken) != 1 {
 			t.Fatalf("TakeDue = %d, %v", len(taken), err)
 		}
@@ -62,7 +62,7 @@ func TestParkedRoundTrip(t *testing.T) {
 			}) {
 			t.Errorf("message %d came back as %+v, want %+v", i, got, m)
 		}
-		if err := store.Remove(ctx, taken[0]); err != nil {
+		if err := store.Park().Remove(ctx, taken[0]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -139,7 +139,7 @@ func TestParkMetrics(t *testing.T) {
 	store := newParkStore(t)
 	for i, key := range []string{"k1", "k1", "k2"} {
 		p := inbox.Parked{Handler: "h", Topic: "a", Offset: int64(i), OrderingKey: []byte(key), IdempotencyKey: key + string(rune('0'+i))}
-		if _, err := store.Park(ctx, p, 0); err != nil {
+		if _, err := store.Park().Add(ctx, p, 0); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -114,7 +114,7 @@ func (r *retrier) run(idle, work context.Context) {
 			r.sleep(idle, wait)
 			continue
 		}
-		taken, err := r.p.c.config.Store.TakeDue(idle, r.p.topic, int32(r.p.id), r.owner, r.lease, limit)
+		taken, err := r.p.c.config.Store.Park().TakeDue(idle, r.p.topic, int32(r.p.id), r.owner, r.lease, limit)
 		if err == nil && len(taken) == 0 {
 			wait, err = r.untilDue(idle)
 		}
@@ -188,7 +188,7 @@ func (r *retrier) launch(idle, work context.Context, taken []inbox.Parked) {
 
 // untilDue returns how long until the next parked message is due, at most poll.
 func (r *retrier) untilDue(ctx context.Context) (time.Duration, error) {
-	wait, ok, err := r.p.c.config.Store.NextDue(ctx, r.p.topic, int32(r.p.id))
+	wait, ok, err := r.p.c.config.Store.Park().NextDue(ctx, r.p.topic, int32(r.p.id))
 	switch {
 	case err != nil:
 		return r.poll, err
@@ -214,7 +214,7 @@ func (r *retrier) sleep(ctx context.Context, d time.Duration) {
 // leaves the park (applied, a duplicate, dead-lettered) or is rescheduled.
 func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 	log := r.log.With("offset", m.Offset, "key", m.IdempotencyKey, "parked_id", m.ID)
-	starts, err := r.p.c.config.Store.Begin(ctx, m)
+	starts, err := r.p.c.config.Store.Park().Start(ctx, m)
 	if err != nil {
 		r.settleFailed(ctx, "begin a retry of the parked message", err, log)
 		return
@@ -235,7 +235,7 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 		msgs: []inbox.Message{parkedMessage(m)}, values: [][]byte{m.Value}, numbers: []int{m.Attempts + 1},
 		parked: &m, log: log,
 	})
-	if ctx.Err() != nil || errors.Is(res.err, inbox.ErrClaimLost) {
+	if ctx.Err() != nil || errors.Is(res.err, inbox.ErrHoldLost) {
 		g.record(permit, string(m.OrderingKey), signalNone)
 		if ctx.Err() == nil {
 			log.InfoContext(ctx, "another owner took the parked message over", "error", res.err)
@@ -272,7 +272,7 @@ func (r *retrier) reschedule(ctx context.Context, m inbox.Parked, res result, d 
 		return
 	}
 	failed := inbox.ParkedFailure{Err: d.err, Reason: d.reason, Spent: d.charge, RetryIn: d.delay}
-	if err := r.p.c.config.Store.Reschedule(ctx, m, failed); err != nil {
+	if err := r.p.c.config.Store.Park().Reschedule(ctx, m, failed); err != nil {
 		r.settleFailed(ctx, "reschedule the parked message", err, log)
 		return
 	}
@@ -292,7 +292,7 @@ func (r *retrier) deadLetterAndRemove(ctx context.Context, m inbox.Parked, f fai
 		}
 		return
 	}
-	if err := r.p.c.config.Store.Remove(ctx, m); err != nil {
+	if err := r.p.c.config.Store.Park().Remove(ctx, m); err != nil {
 		r.settleFailed(ctx, "remove the dead-lettered message from the park", err, log)
 		return
 	}
@@ -314,7 +314,7 @@ func (r *retrier) leave(ctx context.Context, m inbox.Parked, outcome string, att
 
 // release gives m's hold back, due in retryIn, nothing charged.
 func (r *retrier) release(ctx context.Context, m inbox.Parked, retryIn time.Duration, log *slog.Logger) {
-	if err := r.p.c.config.Store.Release(ctx, m, retryIn); err != nil {
+	if err := r.p.c.config.Store.Park().Release(ctx, m, retryIn); err != nil {
 		r.settleFailed(ctx, "release the parked message", err, log)
 	}
 }
@@ -322,7 +322,7 @@ func (r *retrier) release(ctx context.Context, m inbox.Parked, retryIn time.Dura
 // settleFailed logs a failed change to the park, what it could not do. The message keeps its hold until it lapses, then
 // is retried: nothing is lost, and the inbox keeps a message applied once.
 func (r *retrier) settleFailed(ctx context.Context, what string, err error, log *slog.Logger) {
-	if ctx.Err() != nil || errors.Is(err, inbox.ErrClaimLost) {
+	if ctx.Err() != nil || errors.Is(err, inbox.ErrHoldLost) {
 		return
 	}
 	log.WarnContext(ctx, "cannot "+what+"; its hold will lapse", "lease", r.lease, "error", err)
@@ -334,7 +334,7 @@ func (r *retrier) settleFailed(ctx context.Context, what string, err error, log 
 // releaseRest gives back the holds on ms, not retried, due as they were.
 func (r *retrier) releaseRest(ctx context.Context, ms []inbox.Parked) {
 	for _, m := range ms {
-		if err := r.p.c.config.Store.Release(ctx, m, 0); err != nil && ctx.Err() == nil && !errors.Is(err, inbox.ErrClaimLost) {
+		if err := r.p.c.config.Store.Park().Release(ctx, m, 0); err != nil && ctx.Err() == nil && !errors.Is(err, inbox.ErrHoldLost) {
 			r.log.WarnContext(ctx, "cannot give back the hold on a parked message; it will lapse",
 				"parked_id", m.ID, "error", err)
 		}
@@ -345,7 +345,7 @@ func (r *retrier) releaseRest(ctx context.Context, ms []inbox.Parked) {
 func (r *retrier) releaseAll(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 	defer cancel()
-	if _, err := r.p.c.config.Store.ReleaseAll(ctx, r.owner); err != nil {
+	if _, err := r.p.c.config.Store.Park().ReleaseAll(ctx, r.owner); err != nil {
 		r.log.WarnContext(ctx, "cannot give up the holds on parked messages; they will lapse", "lease", r.lease, "error", err)
 	}
 }

@@ -519,13 +519,13 @@ func TestRetrierStopReleasesHolds(t *testing.T) {
 		r.run(ctx, ctx)
 	}()
 	<-h.started
-	taken, err := e.store.TakeDue(context.Background(), parkTopic, parkPartition, "new", time.Minute, 10)
+	taken, err := e.store.Park().TakeDue(context.Background(), parkTopic, parkPartition, "new", time.Minute, 10)
 	if err != nil || len(taken) != 0 {
 		t.Fatalf("the new owner took %d while the old one held it (%v)", len(taken), err)
 	}
 	cancel()
 	<-done
-	taken, err = e.store.TakeDue(context.Background(), parkTopic, parkPartition, "new", time.Minute, 10)
+	taken, err = e.store.Park().TakeDue(context.Background(), parkTopic, parkPartition, "new", time.Minute, 10)
 	if err != nil || len(taken) != 1 || taken[0].Attempts != 1 {
 		t.Errorf("after the stop the new owner took %+v, %v; want the message, no attempt counted", taken, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // The statements of a consumer's crash-loop guard (package consumer). A consumer records each range
@@ -13,6 +14,9 @@ import (
 // range is finished or cleanly abandoned; a record that outlives its run tells the partition's next
 // owner that a run died in that range. The store only keeps the records: what a death means is the
 // consumer's business.
+
+// StartLog is the log of the ranges of messages a consumer started (Store.StartLog).
+type StartLog struct{ pool *pgxpool.Pool }
 
 // Partition names one partition of a topic as a consumer group consumes it.
 type Partition struct {
@@ -49,13 +53,13 @@ SET starts = CASE WHEN a.last_offset = excluded.last_offset
     updated_at = now()
 RETURNING starts`
 
-// RecordStart records, in one autocommit statement, that r's messages of p start now, and returns
+// StartRecord records, in one autocommit statement, that r's messages of p start now, and returns
 // how many times in a row that same range (same offsets, same first message) has been started,
 // this time included; r.Starts is not read. In the same statement it deletes p's records of ranges
 // that ended before finishedBefore, the partition's committed offset: they finished.
-func (s *Store) RecordStart(ctx context.Context, p Partition, r StartedRange, finishedBefore int64) (int, error) {
+func (l *StartLog) Record(ctx context.Context, p Partition, r StartedRange, finishedBefore int64) (int, error) {
 	var starts int
-	err := s.pool.QueryRow(ctx, recordStartSQL, p.Group, p.Topic, p.Partition,
+	err := l.pool.QueryRow(ctx, recordStartSQL, p.Group, p.Topic, p.Partition,
 		r.First, r.Last, r.FirstFingerprint[:], finishedBefore).Scan(&starts)
 	if err != nil {
 		return 0, Classify(fmt.Errorf("inbox: record a start: %w", err))
@@ -63,13 +67,13 @@ func (s *Store) RecordStart(ctx context.Context, p Partition, r StartedRange, fi
 	return starts, nil
 }
 
-// ReleaseStarts deletes p's records of the ranges that begin at firsts: they finished, or were
+// StartRelease deletes p's records of the ranges that begin at firsts: they finished, or were
 // abandoned cleanly (rolled back, not died in).
-func (s *Store) ReleaseStarts(ctx context.Context, p Partition, firsts []int64) error {
+func (l *StartLog) Release(ctx context.Context, p Partition, firsts []int64) error {
 	if len(firsts) == 0 {
 		return nil
 	}
-	_, err := s.pool.Exec(ctx, `
+	_, err := l.pool.Exec(ctx, `
 		DELETE FROM inbox_attempts
 		WHERE consumer_group = $1 AND topic = $2 AND "partition" = $3 AND first_offset = ANY($4)`,
 		p.Group, p.Topic, p.Partition, firsts)
@@ -79,10 +83,10 @@ func (s *Store) ReleaseStarts(ctx context.Context, p Partition, firsts []int64) 
 	return nil
 }
 
-// Started returns p's recorded ranges that end at or after from, in offset order: ranges a run
+// StartUnfinished returns p's recorded ranges that end at or after from, in offset order: ranges a run
 // started and did not finish, if from is where the partition's consumption starts again.
-func (s *Store) Started(ctx context.Context, p Partition, from int64) ([]StartedRange, error) {
-	rows, _ := s.pool.Query(ctx, `
+func (l *StartLog) Unfinished(ctx context.Context, p Partition, from int64) ([]StartedRange, error) {
+	rows, _ := l.pool.Query(ctx, `
 		SELECT first_offset, last_offset, first_fingerprint, starts FROM inbox_attempts
 		WHERE consumer_group = $1 AND topic = $2 AND "partition" = $3 AND last_offset >= $4
 		ORDER BY first_offset`,

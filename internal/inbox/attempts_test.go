@@ -20,7 +20,7 @@ func TestStarts(t *testing.T) {
 
 	record := func(p inbox.Partition, first, last int64, fp [32]byte, finishedBefore int64) int {
 		t.Helper()
-		starts, err := e.store.RecordStart(ctx, p, inbox.StartedRange{First: first, Last: last, FirstFingerprint: fp}, finishedBefore)
+		starts, err := e.store.StartLog().Record(ctx, p, inbox.StartedRange{First: first, Last: last, FirstFingerprint: fp}, finishedBefore)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -28,7 +28,7 @@ func TestStarts(t *testing.T) {
 	}
 	started := func(p inbox.Partition, from int64) []inbox.StartedRange {
 		t.Helper()
-		ranges, err := e.store.Started(ctx, p, from)
+		ranges, err := e.store.StartLog().Unfinished(ctx, p, from)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -75,7 +75,7 @@ func TestStarts(t *testing.T) {
 		t.Errorf("ranges after a commit at 5 = %v, want [5 10]", firsts)
 	}
 
-	if err := e.store.ReleaseStarts(ctx, p, []int64{5, 10}); err != nil {
+	if err := e.store.StartLog().Release(ctx, p, []int64{5, 10}); err != nil {
 		t.Fatal(err)
 	}
 	if got := started(p, 0); len(got) != 0 {

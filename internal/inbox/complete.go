@@ -83,9 +83,9 @@ func (s *Store) commitCompletions(ctx context.Context, group []*completion) erro
 		}
 		for _, i := range claimed {
 			c := group[i]
-			// No lease deleted: another claim took it over after it expired, so this call outlived
+			// No lease deleted: another caller took it over after it expired, so this call outlived
 			// its lease, which its deadline should prevent. Its result is still true, and is
-			// recorded; the other claim's completion will find the key applied.
+			// recorded; the other caller's completion will find the key applied.
 			c.lost = !slices.Contains(forgotten, c.msg.Key)
 			mctx, actions, stop := memberContext(ctx, &c.member)
 			err := c.effect(mctx, tx)
@@ -117,7 +117,7 @@ func (s *Store) completeAlone(ctx context.Context, c *completion) (Outcome, bool
 		return c.effect(ctx, tx)
 	})
 	if err == nil && outcome != Applied {
-		// Recorded by another claim: the lease, if still this claim's, goes.
+		// Recorded by another caller: the lease, if still this one's, goes.
 		s.release(ctx, &lease{msg: c.msg, holder: c.holder}, true)
 	}
 	return outcome, lost, err

@@ -11,9 +11,9 @@ import (
 
 // Claims and completions of calls share transactions.
 //
-// Each call of ProcessCall commits twice: its claim (step 1) and its completion (step 3). One
+// Each call of ProcessCall commits twice: its lease (step 1) and its completion (step 3). One
 // transaction per step and per message costs Postgres two transactions, about nine round trips and
-// one flush per message, most of what a message costs it. So the claims of one handler's calls are
+// one flush per message, most of what a message costs it. So the lease requests of one handler's calls are
 // committed in groups, and their completions in groups of their own: a step that arrives while its
 // handler's previous group of that step is committing waits and joins the next group, with every
 // other that arrives meanwhile (up to maxGroup). Nothing waits for a group to fill: a step that finds
@@ -54,7 +54,7 @@ type member struct {
 
 func newMember(ctx context.Context) member { return member{ctx: ctx, done: make(chan struct{})} }
 
-// step is a claim or a completion, as a grouper queues it.
+// step is a lease request or a completion, as a grouper queues it.
 type step interface {
 	comparable
 	base() *member

@@ -213,7 +213,7 @@ func TestGroupedSteps(t *testing.T) {
 			// Each blocker's step in a group of its own, in flight: one at a time.
 			busy := func() int {
 				if tc.claims {
-					g := e.store.claimer("h")
+					g := e.store.leaseTaker("h")
 					g.mu.Lock()
 					defer g.mu.Unlock()
 					return g.committing - len(g.queue)
@@ -235,7 +235,7 @@ func TestGroupedSteps(t *testing.T) {
 			}
 			queue := func(n int) {
 				if tc.claims {
-					queued(t, e.store.claimer("h"), n)
+					queued(t, e.store.leaseTaker("h"), n)
 				} else {
 					queued(t, e.store.completer("h"), n)
 				}

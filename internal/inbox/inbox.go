@@ -14,9 +14,11 @@
 // A key is remembered for its handler's retention (Config.Retention), then deleted by Purge, which
 // RunPurger calls periodically; a redelivery after that is applied again.
 //
-// The park (Store.Park, TakeDue, ProcessParked) holds messages that wait for a retry out of their
-// partition's way, each key's in offset order, and applies one with its removal from the park in one
-// transaction.
+// The park (Store.Park: Park.Add, Park.TakeDue, Park.Process) holds messages that wait for a retry
+// out of their partition's way, each key's in offset order, and applies one with its removal from
+// the park in one transaction; the start log (Store.StartLog) records the ranges of messages a
+// consumer starts, for its crash-loop guard. "Claim" is the inbox row's word only: a call takes a
+// lease on its key (ProcessCall), a retrier holds a parked message.
 //
 // inbox knows Postgres and nothing of Kafka: origin offsets are stored for operators, not read.
 // It does not retry; it classifies Postgres errors (see Classify) so that its caller can.
@@ -96,9 +98,11 @@ type Config struct {
 type Store struct {
 	pool   *pgxpool.Pool
 	config Config
-	// claimers and completers hold a grouper per handler name, of the claims and of the
-	// completions of the handler's calls (see ProcessCall): the groups in which they commit.
-	claimers, completers sync.Map
+	// leaseTakers and completers hold a grouper per handler name, of the lease requests and of
+	// the completions of the handler's calls (see ProcessCall): the groups in which they commit.
+	leaseTakers, completers sync.Map
+	park                    *Park
+	starts                  *StartLog
 }
 
 // NewStore returns a Store over pool, which must reach a migrated database.
@@ -121,8 +125,17 @@ func NewStore(pool *pgxpool.Pool, config Config) (*Store, error) {
 			return nil, fmt.Errorf("inbox: Retention[%q] must be positive, got %s", handler, d)
 		}
 	}
-	return &Store{pool: pool, config: config}, nil
+	s := &Store{pool: pool, config: config, starts: &StartLog{pool: pool}}
+	s.park = &Park{store: s, pool: pool}
+	return s, nil
 }
+
+// Park returns the store's park: the messages that wait, out of their partition's way, for a retry.
+func (s *Store) Park() *Park { return s.park }
+
+// StartLog returns the store's log of the ranges of messages a consumer started, its crash-loop
+// guard's.
+func (s *Store) StartLog() *StartLog { return s.starts }
 
 // Retention returns how long handler's keys are remembered.
 func (s *Store) Retention(handler string) time.Duration {

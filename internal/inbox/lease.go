@@ -21,13 +21,13 @@ import (
 // connection and the key's row lock for as long as the other service takes to answer.
 // Store.ProcessCall runs it in three steps, none of which holds a connection across the call:
 //
-//  1. claim, in a short transaction of its own: unless the key is already applied, take a lease on
+//  1. lease, in a short transaction of its own: unless the key is already applied, take a lease on
 //     it in inbox_leases, which keeps every other worker from calling for the key until it ends;
 //  2. Run, with no transaction open and no connection held;
 //  3. complete, in one transaction: the key's inbox row, the effect Run returned (the handler's
 //     record of the call) and the release of the lease.
 //
-// The claims of one handler's calls share transactions when they arrive together, and so do their
+// The lease requests of one handler's calls share transactions when they arrive together, and so do their
 // completions (see group.go): a busy worker commits many messages per transaction, and each still
 // gets its own outcome. So Check and the effect may run in a group's transaction that fails for
 // another message's sake, and run again, alone.
@@ -36,11 +36,11 @@ import (
 // dies between the call and the commit leaves its lease to expire, and the next delivery takes the
 // lease over and calls again with the same key.
 type Call struct {
-	// Lease is how long a claim on the key lasts. Run's context ends when two thirds of it have
+	// Lease is how long a lease on the key lasts. Run's context ends when two thirds of it have
 	// passed; the last third covers a request the other service may still be working on after the
 	// client gave up. It must exceed the call's own timeout with room to spare. Required.
 	Lease time.Duration
-	// Check, when set, runs in the claim's transaction when the key has no inbox row. It returns nil
+	// Check, when set, runs in the lease's transaction when the key has no inbox row. It returns nil
 	// to go on with the call, ErrAlreadyApplied when the handler's own records show the effect
 	// happened already (the key's inbox row has expired; the inbox row is then recorded again and the
 	// outcome is Duplicate), or an error that ends the attempt without a lease (a payload that can
@@ -48,21 +48,21 @@ type Call struct {
 	Check Effect
 	// Run makes the call and returns the effect that records its result, which runs in the inbox
 	// transaction of step 3 and must do database work only. attempt counts the calls for the key,
-	// this one included, across processes: claims that went on to call, whether their process died
+	// this one included, across processes: leases that went on to call, whether their process died
 	// or their call failed. Required.
 	Run func(ctx context.Context, attempt int) (Effect, error)
 }
 
-// ErrLeaseHeld is the cause of the error ProcessCall returns when another claim holds a live lease
+// ErrLeaseHeld is the cause of the error ProcessCall returns when another caller holds a live lease
 // on the key: a call for it may be in flight. That error is retryable (package fault), no sooner
 // than the lease ends.
-var ErrLeaseHeld = errors.New("inbox: another claim holds the lease on the key")
+var ErrLeaseHeld = errors.New("inbox: another caller holds the lease on the key")
 
 // ProcessCall runs call for msg in the three steps Call describes. It returns Applied when the call's
 // effect committed with the key, Duplicate or KeyReused when the key was already recorded (no call
 // was made), or an error, in which case nothing was recorded and the lease is released — unless the
 // call was abandoned when its context ended, or Postgres cannot be reached: then the lease is left to
-// expire. A live lease held by another claim is a retryable error wrapping ErrLeaseHeld whose
+// expire. A live lease held by another caller is a retryable error wrapping ErrLeaseHeld whose
 // RetryAfter is the lease's remaining time.
 //
 // A call error is returned as it is; a Postgres error is classified (see Classify).
@@ -73,16 +73,16 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 	case call.Lease <= 0 || call.Run == nil:
 		return "", errors.New("inbox: Call.Lease and Call.Run are required")
 	}
-	// Taken before the claim, so that the deadline on this clock falls before the lease's end on
+	// Taken before the lease, so that the deadline on this clock falls before the lease's end on
 	// Postgres's clock, whatever their offset.
 	deadline := time.Now().Add(call.Lease * 2 / 3)
 	l := &lease{msg: msg, holder: newHolder()}
-	outcome, err := s.claimLease(ctx, l, call)
+	outcome, err := s.takeLease(ctx, l, call)
 	if err != nil || outcome != "" {
 		return outcome, err
 	}
 	if ctx.Err() != nil {
-		// Ended while the claim's group committed: no call was made, and the next claim need not
+		// Ended while the lease's group committed: no call was made, and the next caller need not
 		// wait for the lease to expire.
 		s.release(ctx, l, false)
 		return "", Classify(fmt.Errorf("inbox: %w", context.Cause(ctx)))
@@ -94,7 +94,7 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 	cancel()
 	if err != nil {
 		// A call that ended on its own (an answer that says no, a refused connection) is over: the
-		// next claim may call at once. One that was abandoned — its context ended (the lease's
+		// next caller may call at once. One that was abandoned — its context ended (the lease's
 		// deadline, a rebalance, a shutdown), or the client gave up waiting for the answer (its own
 		// timeout, the most common abandonment) — may still be worked on by the other service: its
 		// lease stays until it expires, so that no other call of the key overlaps it.
@@ -125,15 +125,15 @@ func timedOut(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout()
 }
 
-// lease is one claim on a key.
+// lease is one lease taken on a key, by one caller.
 type lease struct {
 	msg      Message
 	holder   string
-	attempts int // the key's calls, this claim's included
+	attempts int // the key's calls, this one's included
 }
 
-// newHolder names a claim: the host and process, for an operator reading inbox_leases, and a random
-// part that tells two claims of one process apart.
+// newHolder names a lease's holder: the host and process, for an operator reading inbox_leases, and a random
+// part that tells two callers of one process apart.
 func newHolder() string {
 	host, _ := os.Hostname()
 	b := make([]byte, 8)
@@ -142,19 +142,19 @@ func newHolder() string {
 }
 
 // takeLeaseSQL takes the key's lease unless a live one is held: a new row, or an expired row taken
-// over. It returns nothing when another claim's lease is live. now() is the claim transaction's
+// over. It returns nothing when another caller's lease is live. now() is the lease transaction's
 // start, which errs on the side of a lease being live.
 const takeLeaseSQL = `
 INSERT INTO inbox_leases (handler, idempotency_key, holder, expires_at, attempts)
 VALUES ($1, $2, $3, now() + $4 * interval '1 microsecond', 1)
 ON CONFLICT (handler, idempotency_key) DO UPDATE
 SET holder = excluded.holder, expires_at = excluded.expires_at, attempts = inbox_leases.attempts + 1,
-    claimed_at = now()
+    taken_at = now()
 WHERE inbox_leases.expires_at <= now()
 RETURNING attempts`
 
 // A lease is released in one of two ways. Expired at once, it keeps its count of attempts for the
-// next claim, which calls again. Forgotten, it is deleted: once the key is recorded, or its message
+// next caller, which calls again. Forgotten, it is deleted: once the key is recorded, or its message
 // fails for good.
 const (
 	expireLeaseSQL = `UPDATE inbox_leases SET expires_at = now()
@@ -162,16 +162,16 @@ WHERE handler = $1 AND idempotency_key = $2 AND holder = $3`
 	forgetLeaseSQL = `DELETE FROM inbox_leases WHERE handler = $1 AND idempotency_key = $2 AND holder = $3`
 )
 
-// lease is step 1 of ProcessCall for one message alone, as a claim does when the group it was in
-// failed (see claimLease and commitClaims, which do the same for several): in one transaction, it
+// lease is step 1 of ProcessCall for one message alone, as a request does when the group it was in
+// failed (see takeLease and commitLeases, which do the same for several): in one transaction, it
 // takes l's lease, then looks for the key's inbox row, then runs call.Check. It returns Duplicate or
 // KeyReused (and keeps no lease) when the key is applied, "" when the lease is held.
 //
-// The lease is taken before the inbox row is looked for: a claim that waited for another's
+// The lease is taken before the inbox row is looked for: a caller that waited for another's
 // completion (which deletes the lease row and writes the inbox row in one transaction) then reads
 // that inbox row in its next statement, and calls nobody.
 //
-// The claim's commit does not wait for the WAL to reach the disk (synchronous_commit off): a lease
+// The lease's commit does not wait for the WAL to reach the disk (synchronous_commit off): a lease
 // lost in a crash of Postgres itself only lets another worker call for the key while the first call
 // may still be in flight, which the other service's idempotency absorbs; the complete step, which
 // records the effect, commits synchronously. This spares one flush per message.
@@ -180,7 +180,7 @@ func (s *Store) lease(ctx context.Context, l *lease, call Call) (Outcome, error)
 	var outcome Outcome
 	err := WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		b := &pgx.Batch{}
-		b.Queue(`SELECT set_config('synchronous_commit', $1, true)`, claimSynchronousCommit)
+		b.Queue(`SELECT set_config('synchronous_commit', $1, true)`, leaseSynchronousCommit)
 		b.Queue(takeLeaseSQL, msg.Handler, msg.Key, l.holder, call.Lease.Microseconds())
 		b.Queue(`SELECT fingerprint FROM inbox WHERE handler = $1 AND idempotency_key = $2`, msg.Handler, msg.Key)
 		results := tx.SendBatch(ctx, b)
@@ -201,7 +201,7 @@ func (s *Store) lease(ctx context.Context, l *lease, call Call) (Outcome, error)
 			err = nil
 		}
 		if err := errors.Join(err, results.Close()); err != nil {
-			return Classify(fmt.Errorf("inbox: claim the lease: %w", err))
+			return Classify(fmt.Errorf("inbox: take the lease: %w", err))
 		}
 
 		switch {
@@ -239,14 +239,14 @@ func (s *Store) lease(ctx context.Context, l *lease, call Call) (Outcome, error)
 	return outcome, err
 }
 
-// claimSynchronousCommit is the claim transaction's synchronous_commit: "off" (see lease). The
-// benchmark of the claim compares it with "on".
-var claimSynchronousCommit = "off"
+// leaseSynchronousCommit is the lease transaction's synchronous_commit: "off" (see lease). The
+// benchmark of the lease compares it with "on".
+var leaseSynchronousCommit = "off"
 
-// errRollback ends a claim transaction that found the key applied: nothing it did is kept.
+// errRollback ends a lease transaction that found the key applied: nothing it did is kept.
 var errRollback = errors.New("inbox: roll back")
 
-// leaseHeld returns the retryable error of a claim that found msg's lease live.
+// leaseHeld returns the retryable error of a caller that found msg's lease live.
 func (s *Store) leaseHeld(ctx context.Context, tx pgx.Tx, msg Message) error {
 	var seconds float64
 	var holder string
@@ -266,7 +266,7 @@ func (s *Store) leaseHeld(ctx context.Context, tx pgx.Tx, msg Message) error {
 }
 
 // release ends l's lease after a call that failed or whose completion did not commit: the call is
-// over, so the next claim need not wait for the lease to expire. forget deletes the lease (the
+// over, so the next caller need not wait for the lease to expire. forget deletes the lease (the
 // message has failed for good, or the key is recorded); otherwise it expires at once and keeps its
 // count of attempts. It runs even when ctx is cancelled. A failed release is logged; the lease then
 // expires in its time.

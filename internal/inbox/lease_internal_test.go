@@ -22,8 +22,8 @@ func BenchmarkClaim(b *testing.B) {
 				name += "/parallel"
 			}
 			b.Run(name, func(b *testing.B) {
-				defer func(was string) { claimSynchronousCommit = was }(claimSynchronousCommit)
-				claimSynchronousCommit = commit
+				defer func(was string) { leaseSynchronousCommit = was }(leaseSynchronousCommit)
+				leaseSynchronousCommit = commit
 				db := pgtest.Schema(b)
 				store, err := NewStore(db.Pool, Config{})
 				if err != nil {

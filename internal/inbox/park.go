@@ -2,19 +2,19 @@ package inbox
 
 // The park: messages that wait in Postgres, out of their partition's way, for a retry.
 //
-// A message whose retryable error outlasts its first retries in place is parked (Park), and so is
+// A message whose retryable error outlasts its first retries in place is parked (Park.Add), and so is
 // every later message of its ordering key, behind it: a key's messages leave the park in offset
 // order, one at a time. Only the head of a key (its lowest offset) is ever due. The partition's
-// owner takes the due heads (TakeDue), each under a claim with a lease, and either applies one
-// (ProcessParked: its effect, its inbox row and its removal from the park in one transaction),
+// owner takes the due heads (TakeDue), each under a hold with a lease, and either applies one
+// (Process: its effect, its inbox row and its removal from the park in one transaction),
 // reschedules it (Reschedule), or dead-letters it and then removes it (Remove).
 //
 // Rows are keyed by their origin (topic, partition, offset), so a new owner of a partition finds
-// its parked keys after a rebalance or a restart. The claim keeps two owners from retrying one
+// its parked keys after a rebalance or a restart. The hold keeps two owners from retrying one
 // parked message at the same time, even across a network call (an SMS gateway's) or a write to
 // Kafka (a dead letter), which no transaction may span; it lapses by itself when its holder dies.
 // Correctness does not rest on it: the inbox row decides whether an effect happens, and only the
-// claim's holder may remove the row, so a stale holder's effect rolls back.
+// hold's holder may remove the row, so a stale holder's effect rolls back.
 
 import (
 	"cmp"
@@ -27,9 +27,17 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
 )
+
+// Park is the park of a Store: the messages that wait, out of their partition's way, for a
+// retry (Park.Add).
+type Park struct {
+	store *Store
+	pool  *pgxpool.Pool
+}
 
 // Header is one message header, as received.
 type Header struct {
@@ -75,10 +83,10 @@ type Parked struct {
 	NextAttemptAt time.Time
 	// ParkedAt is when it was parked. Set by the park.
 	ParkedAt time.Time
-	// ClaimedBy and ClaimedUntil name the retrier working on it and until when; empty and zero when
+	// HeldBy and HeldUntil name the retrier working on it and until when; empty and zero when
 	// none is.
-	ClaimedBy    string
-	ClaimedUntil time.Time
+	HeldBy    string
+	HeldUntil time.Time
 	// Ahead counts the messages of its key parked before it; 0 for the head. Read by List only.
 	Ahead int
 }
@@ -107,11 +115,11 @@ type ParkStats struct {
 var (
 	// ErrNotParked: no parked message has that id (it was applied, dead-lettered, or never parked).
 	ErrNotParked = errors.New("inbox: no such parked message")
-	// ErrClaimLost: the parked message is no longer claimed by the caller. Its lease lapsed and
+	// ErrHoldLost: the parked message is no longer held by the caller. Its lease lapsed and
 	// another owner took it, or it has left the park; nothing was changed.
-	ErrClaimLost = errors.New("inbox: the parked message is no longer claimed by this owner")
-	// ErrClaimed: another owner holds a live claim on the parked message; try again later.
-	ErrClaimed = errors.New("inbox: the parked message is being worked on")
+	ErrHoldLost = errors.New("inbox: the parked message is no longer held by this owner")
+	// ErrHeld: another owner holds a live hold on the parked message; try again later.
+	ErrHeld = errors.New("inbox: the parked message is being worked on")
 )
 
 // maxParkedError bounds the error texts stored with a parked message, in bytes.
@@ -123,16 +131,16 @@ var parkedColumns = parkedColumnsOf("inbox_parked")
 // scanParked reads a row of parkedColumns.
 func scanParked(row pgx.CollectableRow) (Parked, error) {
 	var (
-		p                    Parked
-		keys, values         [][]byte
-		reason               string
-		firstFailed, claimed *time.Time
-		spentMicros          int64
+		p                 Parked
+		keys, values      [][]byte
+		reason            string
+		firstFailed, held *time.Time
+		spentMicros       int64
 	)
 	err := row.Scan(&p.ID, &p.Handler, &p.Topic, &p.Partition, &p.Offset, &p.OrderingKey,
 		&p.IdempotencyKey, &p.MessageKey, &p.Value, &keys, &values, &p.Attempts, &p.Starts, &reason,
 		&p.FirstError, &p.LastError, &firstFailed, &spentMicros, &p.NextAttemptAt, &p.ParkedAt,
-		&p.ClaimedBy, &claimed)
+		&p.HeldBy, &held)
 	if err != nil {
 		return Parked{}, err
 	}
@@ -141,8 +149,8 @@ func scanParked(row pgx.CollectableRow) (Parked, error) {
 	if firstFailed != nil {
 		p.FirstFailedAt = *firstFailed
 	}
-	if claimed != nil {
-		p.ClaimedUntil = *claimed
+	if held != nil {
+		p.HeldUntil = *held
 	}
 	for i := range keys {
 		p.Headers = append(p.Headers, Header{Key: string(keys[i]), Value: values[i]})
@@ -150,11 +158,12 @@ func scanParked(row pgx.CollectableRow) (Parked, error) {
 	return p, nil
 }
 
-// Park parks p, due in retryIn once it is the head of its key, and reports whether it was parked
+// Add parks p, due in retryIn once it is the head of its key, and reports whether it was parked
 // now: false when the same message (its origin and its value's fingerprint) was parked before, a
 // redelivery, which is left as it is. A different message at the origin of a parked one (a topic
-// recreated, its offsets started again) is parked beside it. ID, ParkedAt, NextAttemptAt, the claim and Ahead are ignored.
-func (s *Store) Park(ctx context.Context, p Parked, retryIn time.Duration) (bool, error) {
+// recreated, its offsets started again) is parked beside it. ID, ParkedAt, NextAttemptAt, the hold
+// and Ahead are ignored.
+func (k *Park) Add(ctx context.Context, p Parked, retryIn time.Duration) (bool, error) {
 	if p.Handler == "" || p.Topic == "" || p.IdempotencyKey == "" || len(p.OrderingKey) == 0 {
 		return false, fmt.Errorf("inbox: a parked message needs a handler, a topic, an idempotency key and an ordering key")
 	}
@@ -171,7 +180,7 @@ func (s *Store) Park(ctx context.Context, p Parked, retryIn time.Duration) (bool
 		firstFailed = &p.FirstFailedAt
 	}
 	fingerprint := Fingerprint(p.Value)
-	tag, err := s.pool.Exec(ctx, `
+	tag, err := k.pool.Exec(ctx, `
 		INSERT INTO inbox_parked (handler, topic, "partition", "offset", fingerprint, ordering_key,
 			idempotency_key, message_key, value, header_keys, header_values, attempts, reason, first_error,
 			last_error, first_failed_at, budget_spent, next_attempt_at)
@@ -188,11 +197,11 @@ func (s *Store) Park(ctx context.Context, p Parked, retryIn time.Duration) (bool
 	return tag.RowsAffected() == 1, nil
 }
 
-// IsParked reports whether a message of orderingKey, read from topic's partition, is parked: a
+// HasKey reports whether a message of orderingKey, read from topic's partition, is parked: a
 // later message of the key must then be parked behind it.
-func (s *Store) IsParked(ctx context.Context, topic string, partition int32, orderingKey []byte) (bool, error) {
+func (k *Park) HasKey(ctx context.Context, topic string, partition int32, orderingKey []byte) (bool, error) {
 	var parked bool
-	err := s.pool.QueryRow(ctx, `
+	err := k.pool.QueryRow(ctx, `
 		SELECT EXISTS (SELECT FROM inbox_parked WHERE topic = $1 AND "partition" = $2 AND ordering_key = $3)`,
 		topic, partition, orderingKey).Scan(&parked)
 	if err != nil {
@@ -201,9 +210,9 @@ func (s *Store) IsParked(ctx context.Context, topic string, partition int32, ord
 	return parked, nil
 }
 
-// ParkedKeys returns the ordering keys parked from topic's partition, for its new owner.
-func (s *Store) ParkedKeys(ctx context.Context, topic string, partition int32) ([][]byte, error) {
-	rows, _ := s.pool.Query(ctx, `
+// Keys returns the ordering keys parked from topic's partition, for its new owner.
+func (k *Park) Keys(ctx context.Context, topic string, partition int32) ([][]byte, error) {
+	rows, _ := k.pool.Query(ctx, `
 		SELECT DISTINCT ordering_key FROM inbox_parked WHERE topic = $1 AND "partition" = $2`,
 		topic, partition)
 	keys, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
@@ -213,13 +222,13 @@ func (s *Store) ParkedKeys(ctx context.Context, topic string, partition int32) (
 	return keys, nil
 }
 
-// takeDueSQL claims the due heads of a partition's keys. The heads are read from the statement's
-// snapshot; the row locks (SKIP LOCKED: a row another transaction is removing or claiming is left to
-// it) and the re-check of the due and claim conditions on the latest row versions make two owners
+// takeDueSQL holds the due heads of a partition's keys. The heads are read from the statement's
+// snapshot; the row locks (SKIP LOCKED: a row another transaction is removing or holding is left to
+// it) and the re-check of the due and hold conditions on the latest row versions make two owners
 // taking at once take a message once.
 var takeDueSQL = `
 UPDATE inbox_parked p
-SET claimed_by = $3, claimed_until = now() + $4 * interval '1 microsecond'
+SET held_by = $3, held_until = now() + $4 * interval '1 microsecond'
 FROM (
 	SELECT id FROM inbox_parked
 	WHERE topic = $1 AND "partition" = $2
@@ -228,7 +237,7 @@ FROM (
 			WHERE topic = $1 AND "partition" = $2
 			ORDER BY ordering_key, "offset", id)
 		AND next_attempt_at <= now()
-		AND (claimed_until IS NULL OR claimed_until <= now())
+		AND (held_until IS NULL OR held_until <= now())
 	ORDER BY next_attempt_at, "offset"
 	LIMIT $5
 	FOR UPDATE SKIP LOCKED
@@ -236,16 +245,16 @@ FROM (
 WHERE p.id = due.id
 RETURNING ` + parkedColumnsOf("p")
 
-// TakeDue claims up to limit due messages parked from topic's partition for owner, for lease, and
+// TakeDue holds up to limit due messages parked from topic's partition for owner, for lease, and
 // returns them, the longest due first. Only the head of a key (its lowest offset) is ever due, so
 // at most one message per key is returned, and a key's next message is due only once its head has
-// left the park. A message claimed by another owner whose lease has not lapsed is not due.
+// left the park. A message held by another owner whose lease has not lapsed is not due.
 
-func (s *Store) TakeDue(ctx context.Context, topic string, partition int32, owner string, lease time.Duration, limit int) ([]Parked, error) {
+func (k *Park) TakeDue(ctx context.Context, topic string, partition int32, owner string, lease time.Duration, limit int) ([]Parked, error) {
 	if owner == "" || lease <= 0 || limit <= 0 {
 		return nil, fmt.Errorf("inbox: TakeDue needs an owner, a positive lease and a positive limit")
 	}
-	rows, _ := s.pool.Query(ctx, takeDueSQL, topic, partition, owner, lease.Microseconds(), limit)
+	rows, _ := k.pool.Query(ctx, takeDueSQL, topic, partition, owner, lease.Microseconds(), limit)
 	taken, err := pgx.CollectRows(rows, scanParked)
 	if err != nil {
 		return nil, Classify(fmt.Errorf("inbox: take due parked messages: %w", err))
@@ -256,39 +265,39 @@ func (s *Store) TakeDue(ctx context.Context, topic string, partition int32, owne
 	return taken, nil
 }
 
-// Begin records that a retry of p, which the caller claimed, begins, and returns p's starts: how
+// Start records that a retry of p, which the caller held, begins, and returns p's starts: how
 // many retries of it in a row began and never settled (Reschedule, Release, ReleaseAll, or its
 // leaving the park), this one included. Its retrier died in each of the others. It returns
-// ErrClaimLost when p is no longer claimed by p.ClaimedBy.
+// ErrHoldLost when p is no longer held by p.HeldBy.
 //
 // The count is committed without waiting for the flush to disk (synchronous_commit off): it must
 // outlive the worker, which it does as soon as Postgres has it, and a crash of Postgres itself, which
 // could lose it, is no crash of the message's. That spares a retry a second flush.
-func (s *Store) Begin(ctx context.Context, p Parked) (int, error) {
+func (k *Park) Start(ctx context.Context, p Parked) (int, error) {
 	var starts int
-	err := WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
+	err := WithTx(ctx, k.pool, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit TO OFF`); err != nil {
 			return err
 		}
 		return tx.QueryRow(ctx, `
-			UPDATE inbox_parked SET starts = starts + 1 WHERE id = $1 AND claimed_by = $2 RETURNING starts`,
-			p.ID, p.ClaimedBy).Scan(&starts)
+			UPDATE inbox_parked SET starts = starts + 1 WHERE id = $1 AND held_by = $2 RETURNING starts`,
+			p.ID, p.HeldBy).Scan(&starts)
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return 0, ErrClaimLost
+		return 0, ErrHoldLost
 	case err != nil:
 		return 0, Classify(fmt.Errorf("inbox: begin a retry of a parked message: %w", err))
 	}
 	return starts, nil
 }
 
-// NextDue returns how long until the next head of topic's partition is due, or has its claim
+// NextDue returns how long until the next head of topic's partition is due, or has its hold
 // lapse: 0 when one is due now, and false when nothing is parked from the partition.
-func (s *Store) NextDue(ctx context.Context, topic string, partition int32) (time.Duration, bool, error) {
+func (k *Park) NextDue(ctx context.Context, topic string, partition int32) (time.Duration, bool, error) {
 	var micros *int64
-	err := s.pool.QueryRow(ctx, `
-		SELECT (extract(epoch FROM greatest(min(greatest(next_attempt_at, coalesce(claimed_until, next_attempt_at))) - now(),
+	err := k.pool.QueryRow(ctx, `
+		SELECT (extract(epoch FROM greatest(min(greatest(next_attempt_at, coalesce(held_until, next_attempt_at))) - now(),
 			interval '0')) * 1000000)::bigint
 		FROM inbox_parked
 		WHERE id IN (
@@ -305,12 +314,12 @@ func (s *Store) NextDue(ctx context.Context, topic string, partition int32) (tim
 	return time.Duration(*micros) * time.Microsecond, true, nil
 }
 
-// ProcessParked applies p, which the caller claimed (TakeDue, Claim), as Process would: its inbox
+// Process applies p, which the caller held (TakeDue, Hold), as Process would: its inbox
 // row and effect, and its removal from the park, in one transaction. It returns Applied, Duplicate
 // (the key was applied meanwhile, by a replay say: p leaves the park without its effect running) or
-// KeyReused (p stays parked, for the caller to dead-letter and Remove). It returns ErrClaimLost,
-// having done nothing, when p is no longer claimed by p.ClaimedBy.
-func (s *Store) ProcessParked(ctx context.Context, p Parked, effect Effect) (Outcome, error) {
+// KeyReused (p stays parked, for the caller to dead-letter and Remove). It returns ErrHoldLost,
+// having done nothing, when p is no longer held by p.HeldBy.
+func (k *Park) Process(ctx context.Context, p Parked, effect Effect) (Outcome, error) {
 	msg := Message{
 		Handler:     p.Handler,
 		Key:         p.IdempotencyKey,
@@ -320,12 +329,12 @@ func (s *Store) ProcessParked(ctx context.Context, p Parked, effect Effect) (Out
 		Offset:      p.Offset,
 	}
 	var outcome Outcome
-	err := WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
-		if err := s.UnparkTx(ctx, tx, p); err != nil {
+	err := WithTx(ctx, k.pool, func(ctx context.Context, tx pgx.Tx) error {
+		if err := k.RemoveTx(ctx, tx, p); err != nil {
 			return err
 		}
 		var err error
-		if outcome, err = s.claim(ctx, tx, msg); err != nil {
+		if outcome, err = k.store.claim(ctx, tx, msg); err != nil {
 			return err
 		}
 		switch outcome {
@@ -351,39 +360,39 @@ func (s *Store) ProcessParked(ctx context.Context, p Parked, effect Effect) (Out
 	return outcome, nil
 }
 
-// errStayParked rolls back ProcessParked's transaction when the message is to stay parked.
+// errStayParked rolls back Process's transaction when the message is to stay parked.
 var errStayParked = errors.New("inbox: the parked message stays parked")
 
-// UnparkTx removes p, which the caller claimed, from the park inside tx: the message leaves the
+// RemoveTx removes p, which the caller held, from the park inside tx: the message leaves the
 // park if and only if tx commits. It is for a caller that applies p in a transaction of its own
-// making; ProcessParked does it all. It returns ErrClaimLost when p is no longer claimed by
-// p.ClaimedBy.
-func (s *Store) UnparkTx(ctx context.Context, tx pgx.Tx, p Parked) error {
-	tag, err := tx.Exec(ctx, `DELETE FROM inbox_parked WHERE id = $1 AND claimed_by = $2`, p.ID, p.ClaimedBy)
+// making; Process does it all. It returns ErrHoldLost when p is no longer held by
+// p.HeldBy.
+func (k *Park) RemoveTx(ctx context.Context, tx pgx.Tx, p Parked) error {
+	tag, err := tx.Exec(ctx, `DELETE FROM inbox_parked WHERE id = $1 AND held_by = $2`, p.ID, p.HeldBy)
 	if err != nil {
 		return Classify(fmt.Errorf("inbox: unpark: %w", err))
 	}
 	if tag.RowsAffected() == 0 {
-		return ErrClaimLost
+		return ErrHoldLost
 	}
 	return nil
 }
 
-// Remove removes p, which the caller claimed, from the park: once it is dead-lettered. It returns
-// ErrClaimLost when p is no longer claimed by p.ClaimedBy.
-func (s *Store) Remove(ctx context.Context, p Parked) error {
-	return WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error { return s.UnparkTx(ctx, tx, p) })
+// Remove removes p, which the caller held, from the park: once it is dead-lettered. It returns
+// ErrHoldLost when p is no longer held by p.HeldBy.
+func (k *Park) Remove(ctx context.Context, p Parked) error {
+	return WithTx(ctx, k.pool, func(ctx context.Context, tx pgx.Tx) error { return k.RemoveTx(ctx, tx, p) })
 }
 
-// Reschedule records a failed retry of p, which the caller claimed: one more attempt, its error,
-// the budget it cost, and when p is due again. The claim is given up. It returns ErrClaimLost when p
-// is no longer claimed by p.ClaimedBy.
-func (s *Store) Reschedule(ctx context.Context, p Parked, f ParkedFailure) error {
+// Reschedule records a failed retry of p, which the caller held: one more attempt, its error,
+// the budget it cost, and when p is due again. The hold is given up. It returns ErrHoldLost when p
+// is no longer held by p.HeldBy.
+func (k *Park) Reschedule(ctx context.Context, p Parked, f ParkedFailure) error {
 	errText := ""
 	if f.Err != nil {
 		errText = storedError(f.Err.Error())
 	}
-	tag, err := s.pool.Exec(ctx, `
+	tag, err := k.pool.Exec(ctx, `
 		UPDATE inbox_parked SET
 			attempts = attempts + 1,
 			reason = coalesce($3, reason),
@@ -392,75 +401,75 @@ func (s *Store) Reschedule(ctx context.Context, p Parked, f ParkedFailure) error
 			first_failed_at = coalesce(first_failed_at, now()),
 			budget_spent = budget_spent + $5 * interval '1 microsecond',
 			next_attempt_at = now() + $6 * interval '1 microsecond',
-			claimed_by = NULL, claimed_until = NULL, starts = 0
-		WHERE id = $1 AND claimed_by = $2`,
-		p.ID, p.ClaimedBy, nullText(string(f.Reason)), errText, f.Spent.Microseconds(), f.RetryIn.Microseconds())
+			held_by = NULL, held_until = NULL, starts = 0
+		WHERE id = $1 AND held_by = $2`,
+		p.ID, p.HeldBy, nullText(string(f.Reason)), errText, f.Spent.Microseconds(), f.RetryIn.Microseconds())
 	if err != nil {
 		return Classify(fmt.Errorf("inbox: reschedule a parked message: %w", err))
 	}
 	if tag.RowsAffected() == 0 {
-		return ErrClaimLost
+		return ErrHoldLost
 	}
 	return nil
 }
 
-// Release gives up the claim on p without counting an attempt, due again in retryIn: for a retry
-// that did not happen, or met an outage, which is no fault of the message's. It returns ErrClaimLost
-// when p is no longer claimed by p.ClaimedBy.
-func (s *Store) Release(ctx context.Context, p Parked, retryIn time.Duration) error {
-	tag, err := s.pool.Exec(ctx, `
+// Release gives up the hold on p without counting an attempt, due again in retryIn: for a retry
+// that did not happen, or met an outage, which is no fault of the message's. It returns ErrHoldLost
+// when p is no longer held by p.HeldBy.
+func (k *Park) Release(ctx context.Context, p Parked, retryIn time.Duration) error {
+	tag, err := k.pool.Exec(ctx, `
 		UPDATE inbox_parked SET next_attempt_at = now() + $3 * interval '1 microsecond',
-			claimed_by = NULL, claimed_until = NULL, starts = 0
-		WHERE id = $1 AND claimed_by = $2`,
-		p.ID, p.ClaimedBy, retryIn.Microseconds())
+			held_by = NULL, held_until = NULL, starts = 0
+		WHERE id = $1 AND held_by = $2`,
+		p.ID, p.HeldBy, retryIn.Microseconds())
 	if err != nil {
 		return Classify(fmt.Errorf("inbox: release a parked message: %w", err))
 	}
 	if tag.RowsAffected() == 0 {
-		return ErrClaimLost
+		return ErrHoldLost
 	}
 	return nil
 }
 
-// ReleaseAll gives up every claim of owner, without changing when the messages are due: for an
+// ReleaseAll gives up every hold of owner, without changing when the messages are due: for an
 // owner that stops cleanly, so that the partition's next owner need not wait for the leases to
-// lapse. Their starts are settled: a clean stop is no death. It returns how many claims it gave up.
-func (s *Store) ReleaseAll(ctx context.Context, owner string) (int64, error) {
-	tag, err := s.pool.Exec(ctx,
-		`UPDATE inbox_parked SET claimed_by = NULL, claimed_until = NULL, starts = 0 WHERE claimed_by = $1`, owner)
+// lapse. Their starts are settled: a clean stop is no death. It returns how many holds it gave up.
+func (k *Park) ReleaseAll(ctx context.Context, owner string) (int64, error) {
+	tag, err := k.pool.Exec(ctx,
+		`UPDATE inbox_parked SET held_by = NULL, held_until = NULL, starts = 0 WHERE held_by = $1`, owner)
 	if err != nil {
 		return 0, Classify(fmt.Errorf("inbox: release parked messages: %w", err))
 	}
 	return tag.RowsAffected(), nil
 }
 
-// Claim claims the parked message id for owner, for lease, whether it is due or not: for an operator
-// who dead-letters it by hand. It returns ErrNotParked when there is no such message, and ErrClaimed
-// when another owner holds a live claim on it.
-func (s *Store) Claim(ctx context.Context, id int64, owner string, lease time.Duration) (Parked, error) {
+// Hold holds the parked message id for owner, for lease, whether it is due or not: for an operator
+// who dead-letters it by hand. It returns ErrNotParked when there is no such message, and ErrHeld
+// when another owner holds a live hold on it.
+func (k *Park) Hold(ctx context.Context, id int64, owner string, lease time.Duration) (Parked, error) {
 	if owner == "" || lease <= 0 {
-		return Parked{}, fmt.Errorf("inbox: Claim needs an owner and a positive lease")
+		return Parked{}, fmt.Errorf("inbox: Hold needs an owner and a positive lease")
 	}
-	rows, _ := s.pool.Query(ctx, `
-		UPDATE inbox_parked SET claimed_by = $2, claimed_until = now() + $3 * interval '1 microsecond'
-		WHERE id = $1 AND (claimed_until IS NULL OR claimed_until <= now() OR claimed_by = $2)
+	rows, _ := k.pool.Query(ctx, `
+		UPDATE inbox_parked SET held_by = $2, held_until = now() + $3 * interval '1 microsecond'
+		WHERE id = $1 AND (held_until IS NULL OR held_until <= now() OR held_by = $2)
 		RETURNING `+parkedColumns, id, owner, lease.Microseconds())
 	p, err := pgx.CollectExactlyOneRow(rows, scanParked)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		if _, err := s.Get(ctx, id); err != nil {
+		if _, err := k.Get(ctx, id); err != nil {
 			return Parked{}, err
 		}
-		return Parked{}, ErrClaimed
+		return Parked{}, ErrHeld
 	case err != nil:
-		return Parked{}, Classify(fmt.Errorf("inbox: claim a parked message: %w", err))
+		return Parked{}, Classify(fmt.Errorf("inbox: hold a parked message: %w", err))
 	}
 	return p, nil
 }
 
 // Get returns the parked message id, or ErrNotParked.
-func (s *Store) Get(ctx context.Context, id int64) (Parked, error) {
-	rows, _ := s.pool.Query(ctx, `SELECT `+parkedColumns+` FROM inbox_parked WHERE id = $1`, id)
+func (k *Park) Get(ctx context.Context, id int64) (Parked, error) {
+	rows, _ := k.pool.Query(ctx, `SELECT `+parkedColumns+` FROM inbox_parked WHERE id = $1`, id)
 	p, err := pgx.CollectExactlyOneRow(rows, scanParked)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -474,7 +483,7 @@ func (s *Store) Get(ctx context.Context, id int64) (Parked, error) {
 // List returns the messages parked from topic (every topic when it is empty), at most limit of
 // them (all when limit is 0), in key order: by topic, partition and ordering key, each key's head
 // first. Each has Ahead set.
-func (s *Store) List(ctx context.Context, topic string, limit int) ([]Parked, error) {
+func (k *Park) List(ctx context.Context, topic string, limit int) ([]Parked, error) {
 	if limit < 0 {
 		return nil, fmt.Errorf("inbox: List needs a limit of 0 or more, got %d", limit)
 	}
@@ -482,7 +491,7 @@ func (s *Store) List(ctx context.Context, topic string, limit int) ([]Parked, er
 	if limit > 0 {
 		atMost = &limit
 	}
-	rows, _ := s.pool.Query(ctx, `
+	rows, _ := k.pool.Query(ctx, `
 		SELECT `+parkedColumns+`,
 			(row_number() OVER (PARTITION BY topic, "partition", ordering_key ORDER BY "offset", id) - 1)::int
 		FROM inbox_parked
@@ -511,8 +520,8 @@ func (r aheadRow) Scan(dest ...any) error { return r.CollectableRow.Scan(append(
 
 // RetryNow makes the parked messages ids due now, and returns how many there were. A message that
 // is not the head of its key is still tried only after the messages ahead of it.
-func (s *Store) RetryNow(ctx context.Context, ids []int64) (int64, error) {
-	tag, err := s.pool.Exec(ctx, `UPDATE inbox_parked SET next_attempt_at = now() WHERE id = ANY ($1)`, ids)
+func (k *Park) RetryNow(ctx context.Context, ids []int64) (int64, error) {
+	tag, err := k.pool.Exec(ctx, `UPDATE inbox_parked SET next_attempt_at = now() WHERE id = ANY ($1)`, ids)
 	if err != nil {
 		return 0, Classify(fmt.Errorf("inbox: retry parked messages now: %w", err))
 	}
@@ -521,8 +530,8 @@ func (s *Store) RetryNow(ctx context.Context, ids []int64) (int64, error) {
 
 // RetryAllNow makes every message parked from topic (from every topic when it is empty) due now,
 // and returns how many there were.
-func (s *Store) RetryAllNow(ctx context.Context, topic string) (int64, error) {
-	tag, err := s.pool.Exec(ctx,
+func (k *Park) RetryAllNow(ctx context.Context, topic string) (int64, error) {
+	tag, err := k.pool.Exec(ctx,
 		`UPDATE inbox_parked SET next_attempt_at = now() WHERE $1 = '' OR topic = $1`, topic)
 	if err != nil {
 		return 0, Classify(fmt.Errorf("inbox: retry parked messages now: %w", err))
@@ -531,8 +540,8 @@ func (s *Store) RetryAllNow(ctx context.Context, topic string) (int64, error) {
 }
 
 // Stats describes the park of each topic that has messages parked.
-func (s *Store) Stats(ctx context.Context) ([]ParkStats, error) {
-	rows, _ := s.pool.Query(ctx, `
+func (k *Park) Stats(ctx context.Context) ([]ParkStats, error) {
+	rows, _ := k.pool.Query(ctx, `
 		SELECT topic, count(*)::int, (extract(epoch FROM now() - min(parked_at)) * 1000000)::bigint
 		FROM inbox_parked GROUP BY topic ORDER BY topic`)
 	stats, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ParkStats, error) {
@@ -554,7 +563,7 @@ func parkedColumnsOf(alias string) string {
 		"idempotency_key", "message_key", "value", "header_keys", "header_values", "attempts", "starts",
 		"coalesce(%s.reason, '')", "coalesce(%s.first_error, '')", "coalesce(%s.last_error, '')",
 		"first_failed_at", "(extract(epoch FROM %s.budget_spent) * 1000000)::bigint",
-		"next_attempt_at", "parked_at", "coalesce(%s.claimed_by, '')", "claimed_until"}
+		"next_attempt_at", "parked_at", "coalesce(%s.held_by, '')", "held_until"}
 	for i, c := range columns {
 		if strings.Contains(c, "%s") {
 			columns[i] = strings.ReplaceAll(c, "%s", alias)

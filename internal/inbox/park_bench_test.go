@@ -34,15 +34,15 @@ func BenchmarkDrainPark(b *testing.B) {
 				e.exec(b, `VACUUM ANALYZE inbox_parked`)
 				b.StartTimer()
 				for left := parked; left > 0; {
-					taken, err := e.store.TakeDue(ctx, "t", 0, "bench", time.Minute, 32)
+					taken, err := e.store.Park().TakeDue(ctx, "t", 0, "bench", time.Minute, 32)
 					if err != nil || len(taken) == 0 {
 						b.Fatalf("TakeDue = %d, %v with %d left", len(taken), err, left)
 					}
 					for _, p := range taken {
-						if _, err := e.store.Begin(ctx, p); err != nil {
+						if _, err := e.store.Park().Start(ctx, p); err != nil {
 							b.Fatal(err)
 						}
-						if outcome, err := e.store.ProcessParked(ctx, p, noop); err != nil || outcome != inbox.Applied {
+						if outcome, err := e.store.Park().Process(ctx, p, noop); err != nil || outcome != inbox.Applied {
 							b.Fatalf("ProcessParked = %q, %v", outcome, err)
 						}
 					}

@@ -40,7 +40,7 @@ func parked(orderKey string, offset int64) inbox.Parked {
 func (e *testEnv) park(tb testing.TB, ps ...inbox.Parked) {
 	tb.Helper()
 	for _, p := range ps {
-		if ok, err := e.store.Park(context.Background(), p, 0); err != nil || !ok {
+		if ok, err := e.store.Park().Add(context.Background(), p, 0); err != nil || !ok {
 			tb.Fatalf("Park(%s) = %t, %v; want true", p.IdempotencyKey, ok, err)
 		}
 	}
@@ -49,7 +49,7 @@ func (e *testEnv) park(tb testing.TB, ps ...inbox.Parked) {
 // take takes the due messages of topic "t", partition 0 for owner and returns their idempotency keys.
 func (e *testEnv) take(tb testing.TB, owner string, limit int) []inbox.Parked {
 	tb.Helper()
-	taken, err := e.store.TakeDue(context.Background(), "t", 0, owner, parkLease, limit)
+	taken, err := e.store.Park().TakeDue(context.Background(), "t", 0, owner, parkLease, limit)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func (e *testEnv) parkedKeys(tb testing.TB) []string {
 // lapse makes the claims on the parked messages of idempotency keys look as if they lapsed a second ago.
 func (e *testEnv) lapse(tb testing.TB, keys ...string) {
 	tb.Helper()
-	e.exec(tb, `UPDATE inbox_parked SET claimed_until = now() - interval '1 second' WHERE idempotency_key = ANY ($1)`, keys)
+	e.exec(tb, `UPDATE inbox_parked SET held_until = now() - interval '1 second' WHERE idempotency_key = ANY ($1)`, keys)
 }
 
 func TestPark(t *testing.T) {
@@ -106,11 +106,11 @@ func TestPark(t *testing.T) {
 			FirstFailedAt: failedAt,
 			BudgetSpent:   1500 * time.Millisecond,
 		}
-		ok, err := e.store.Park(ctx, want, time.Hour)
+		ok, err := e.store.Park().Add(ctx, want, time.Hour)
 		if err != nil || !ok {
 			t.Fatalf("Park = %t, %v; want true", ok, err)
 		}
-		list, err := e.store.List(ctx, "", 0)
+		list, err := e.store.Park().List(ctx, "", 0)
 		if err != nil || len(list) != 1 {
 			t.Fatalf("List = %d messages, %v; want 1", len(list), err)
 		}
@@ -124,10 +124,10 @@ func TestPark(t *testing.T) {
 		if !equalParked(got, want) {
 			t.Errorf("List returned\n%+v\nwant\n%+v", got, want)
 		}
-		if again, err := e.store.Get(ctx, got.ID); err != nil || !equalParked(again, want) {
+		if again, err := e.store.Park().Get(ctx, got.ID); err != nil || !equalParked(again, want) {
 			t.Errorf("Get = %+v, %v; want %+v", again, err, want)
 		}
-		if _, err := e.store.Get(ctx, got.ID+1); !errors.Is(err, inbox.ErrNotParked) {
+		if _, err := e.store.Park().Get(ctx, got.ID+1); !errors.Is(err, inbox.ErrNotParked) {
 			t.Errorf("Get of another id: %v, want ErrNotParked", err)
 		}
 	})
@@ -141,7 +141,7 @@ func TestPark(t *testing.T) {
 		e.park(t, first)
 		again := parked("A", 7)
 		again.LastError = "second"
-		if ok, err := e.store.Park(ctx, again, 0); err != nil || ok {
+		if ok, err := e.store.Park().Add(ctx, again, 0); err != nil || ok {
 			t.Fatalf("Park of a redelivery = %t, %v; want false", ok, err)
 		}
 		if got := e.strings(t, `SELECT last_error FROM inbox_parked`); !slices.Equal(got, []string{"first"}) {
@@ -158,10 +158,10 @@ func TestPark(t *testing.T) {
 		e.park(t, parked("A", 7))
 		other := parked("A", 7)
 		other.IdempotencyKey, other.Value = "A-7-again", []byte(`{"event_id":"A-7-again"}`)
-		if ok, err := e.store.Park(ctx, other, 0); err != nil || !ok {
+		if ok, err := e.store.Park().Add(ctx, other, 0); err != nil || !ok {
 			t.Fatalf("Park of another message at a parked origin = %t, %v; want true", ok, err)
 		}
-		list, err := e.store.List(ctx, "", 0)
+		list, err := e.store.Park().List(ctx, "", 0)
 		if err != nil || len(list) != 2 {
 			t.Fatalf("List = %d messages, %v; want both", len(list), err)
 		}
@@ -179,7 +179,7 @@ func TestPark(t *testing.T) {
 		p.FirstError = "bad \x00 byte and \xff invalid UTF-8"
 		p.LastError = strings.Repeat("é", 5000) // 10,000 bytes
 		e.park(t, p)
-		got, err := e.store.List(ctx, "", 0)
+		got, err := e.store.Park().List(ctx, "", 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -200,7 +200,7 @@ func TestPark(t *testing.T) {
 			{Handler: "h", Topic: "t", OrderingKey: []byte("o")},
 			{Handler: "h", Topic: "t", IdempotencyKey: "k"},
 		} {
-			if _, err := e.store.Park(context.Background(), p, 0); err == nil {
+			if _, err := e.store.Park().Add(context.Background(), p, 0); err == nil {
 				t.Errorf("Park(%+v) succeeded, want an error", p)
 			}
 		}
@@ -219,7 +219,7 @@ func equalParked(a, b inbox.Parked) bool {
 		a.Attempts == b.Attempts && a.Starts == b.Starts && a.Reason == b.Reason && a.FirstError == b.FirstError &&
 		a.LastError == b.LastError && eqTime(a.FirstFailedAt, b.FirstFailedAt) &&
 		a.BudgetSpent == b.BudgetSpent && eqTime(a.NextAttemptAt, b.NextAttemptAt) &&
-		eqTime(a.ParkedAt, b.ParkedAt) && a.ClaimedBy == b.ClaimedBy && eqTime(a.ClaimedUntil, b.ClaimedUntil) &&
+		eqTime(a.ParkedAt, b.ParkedAt) && a.HeldBy == b.HeldBy && eqTime(a.HeldUntil, b.HeldUntil) &&
 		a.Ahead == b.Ahead
 }
 
@@ -246,16 +246,16 @@ func TestIsParked(t *testing.T) {
 		{"u", 0, "C", true},
 		{"t", 0, "a", false},
 	} {
-		got, err := e.store.IsParked(ctx, c.topic, c.partition, []byte(c.key))
+		got, err := e.store.Park().HasKey(ctx, c.topic, c.partition, []byte(c.key))
 		if err != nil || got != c.want {
 			t.Errorf("IsParked(%s, %d, %s) = %t, %v; want %t", c.topic, c.partition, c.key, got, err, c.want)
 		}
 	}
-	keys, err := e.store.ParkedKeys(ctx, "t", 0)
+	keys, err := e.store.Park().Keys(ctx, "t", 0)
 	if err != nil || len(keys) != 1 || string(keys[0]) != "A" {
 		t.Errorf("ParkedKeys(t, 0) = %q, %v; want [A]", keys, err)
 	}
-	if keys, err := e.store.ParkedKeys(ctx, "t", 9); err != nil || len(keys) != 0 {
+	if keys, err := e.store.Park().Keys(ctx, "t", 9); err != nil || len(keys) != 0 {
 		t.Errorf("ParkedKeys(t, 9) = %q, %v; want none", keys, err)
 	}
 }
@@ -278,8 +278,8 @@ func TestTakeDue(t *testing.T) {
 			t.Fatalf("took %q, want the heads A@10, B@3, C@20", keys)
 		}
 		for _, p := range got {
-			if p.ClaimedBy != "o1" || time.Until(p.ClaimedUntil) < 59*time.Minute {
-				t.Errorf("%s claimed by %q until %v, want o1 for the lease", p.IdempotencyKey, p.ClaimedBy, p.ClaimedUntil)
+			if p.HeldBy != "o1" || time.Until(p.HeldUntil) < 59*time.Minute {
+				t.Errorf("%s claimed by %q until %v, want o1 for the lease", p.IdempotencyKey, p.HeldBy, p.HeldUntil)
 			}
 		}
 		// Claimed: nothing more is due, the keys' next messages least of all.
@@ -287,7 +287,7 @@ func TestTakeDue(t *testing.T) {
 			t.Errorf("a second owner took %q, want nothing", idempotencyKeys(again))
 		}
 		// A's head leaves the park: A's next message is due.
-		if _, err := e.store.ProcessParked(ctx, got[slices.IndexFunc(got, isKey("A@10"))], record("A@10")); err != nil {
+		if _, err := e.store.Park().Process(ctx, got[slices.IndexFunc(got, isKey("A@10"))], record("A@10")); err != nil {
 			t.Fatal(err)
 		}
 		if next := e.take(t, "o2", 10); !slices.Equal(idempotencyKeys(next), []string{"A@11"}) {
@@ -299,14 +299,14 @@ func TestTakeDue(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 		e := setup(t, inbox.Config{})
-		if _, err := e.store.Park(ctx, parked("A", 1), time.Hour); err != nil {
+		if _, err := e.store.Park().Add(ctx, parked("A", 1), time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		e.park(t, parked("A", 2), parked("B", 3)) // A@2 is due, but behind A@1
 		if got := idempotencyKeys(e.take(t, "o", 10)); !slices.Equal(got, []string{"B@3"}) {
 			t.Errorf("took %q, want only B@3", got)
 		}
-		wait, ok, err := e.store.NextDue(ctx, "t", 0)
+		wait, ok, err := e.store.Park().NextDue(ctx, "t", 0)
 		if err != nil || !ok || wait < 59*time.Minute || wait > time.Hour {
 			t.Errorf("NextDue = %v, %t, %v; want about an hour (B@3 is claimed for longer)", wait, ok, err)
 		}
@@ -335,26 +335,26 @@ func TestTakeDue(t *testing.T) {
 		stale := e.take(t, "dead", 1)[0]
 		e.lapse(t, "A@1")
 		taken := e.take(t, "alive", 1)
-		if len(taken) != 1 || taken[0].ClaimedBy != "alive" {
+		if len(taken) != 1 || taken[0].HeldBy != "alive" {
 			t.Fatalf("took %+v after the lease lapsed, want A@1 for alive", taken)
 		}
 		// The stale owner can change nothing any more, and its effect does not commit.
-		if _, err := e.store.ProcessParked(ctx, stale, record("stale")); !errors.Is(err, inbox.ErrClaimLost) {
+		if _, err := e.store.Park().Process(ctx, stale, record("stale")); !errors.Is(err, inbox.ErrHoldLost) {
 			t.Errorf("ProcessParked by the stale owner: %v, want ErrClaimLost", err)
 		}
-		if err := e.store.Reschedule(ctx, stale, inbox.ParkedFailure{Err: errors.New("x")}); !errors.Is(err, inbox.ErrClaimLost) {
+		if err := e.store.Park().Reschedule(ctx, stale, inbox.ParkedFailure{Err: errors.New("x")}); !errors.Is(err, inbox.ErrHoldLost) {
 			t.Errorf("Reschedule by the stale owner: %v, want ErrClaimLost", err)
 		}
-		if err := e.store.Release(ctx, stale, 0); !errors.Is(err, inbox.ErrClaimLost) {
+		if err := e.store.Park().Release(ctx, stale, 0); !errors.Is(err, inbox.ErrHoldLost) {
 			t.Errorf("Release by the stale owner: %v, want ErrClaimLost", err)
 		}
-		if err := e.store.Remove(ctx, stale); !errors.Is(err, inbox.ErrClaimLost) {
+		if err := e.store.Park().Remove(ctx, stale); !errors.Is(err, inbox.ErrHoldLost) {
 			t.Errorf("Remove by the stale owner: %v, want ErrClaimLost", err)
 		}
 		if got := e.effects(t); len(got) != 0 {
 			t.Errorf("effects %q, want none", got)
 		}
-		if outcome, err := e.store.ProcessParked(ctx, taken[0], record("A@1")); err != nil || outcome != inbox.Applied {
+		if outcome, err := e.store.Park().Process(ctx, taken[0], record("A@1")); err != nil || outcome != inbox.Applied {
 			t.Errorf("ProcessParked by the new owner = %q, %v; want applied", outcome, err)
 		}
 	})
@@ -374,7 +374,7 @@ func TestTakeDue(t *testing.T) {
 		for o := range 8 {
 			wg.Go(func() {
 				for {
-					got, err := e.store.TakeDue(context.Background(), "t", 0, fmt.Sprintf("o%d", o), parkLease, 3)
+					got, err := e.store.Park().TakeDue(context.Background(), "t", 0, fmt.Sprintf("o%d", o), parkLease, 3)
 					if err != nil {
 						t.Errorf("TakeDue: %v", err)
 						return
@@ -421,7 +421,7 @@ func TestProcessParked(t *testing.T) {
 		e := setup(t, inbox.Config{})
 		e.park(t, parked("A", 1))
 		p := e.take(t, "o", 1)[0]
-		outcome, err := e.store.ProcessParked(ctx, p, record("A@1"))
+		outcome, err := e.store.Park().Process(ctx, p, record("A@1"))
 		if err != nil || outcome != inbox.Applied {
 			t.Fatalf("ProcessParked = %q, %v; want applied", outcome, err)
 		}
@@ -447,7 +447,7 @@ func TestProcessParked(t *testing.T) {
 		e.park(t, parked("A", 1))
 		p := e.take(t, "o", 1)[0]
 		boom := fault.RetryableUntil(reasonUnknownOrder, errors.New("no order A"))
-		_, err := e.store.ProcessParked(ctx, p, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := e.store.Park().Process(ctx, p, func(ctx context.Context, tx pgx.Tx) error {
 			if err := record("A@1")(ctx, tx); err != nil {
 				return err
 			}
@@ -461,7 +461,7 @@ func TestProcessParked(t *testing.T) {
 			t.Errorf("parked %q, want A@1 still", got)
 		}
 		// Still claimed: the owner reschedules it.
-		if err := e.store.Reschedule(ctx, p, inbox.ParkedFailure{Err: err, Reason: reasonUnknownOrder}); err != nil {
+		if err := e.store.Park().Reschedule(ctx, p, inbox.ParkedFailure{Err: err, Reason: reasonUnknownOrder}); err != nil {
 			t.Errorf("Reschedule: %v", err)
 		}
 	})
@@ -478,7 +478,7 @@ func TestProcessParked(t *testing.T) {
 		if _, err := e.store.Process(ctx, msg, record("replayed")); err != nil {
 			t.Fatal(err)
 		}
-		outcome, err := e.store.ProcessParked(ctx, e.take(t, "o", 1)[0], record("parked"))
+		outcome, err := e.store.Park().Process(ctx, e.take(t, "o", 1)[0], record("parked"))
 		if err != nil || outcome != inbox.Duplicate {
 			t.Fatalf("ProcessParked = %q, %v; want duplicate", outcome, err)
 		}
@@ -494,7 +494,7 @@ func TestProcessParked(t *testing.T) {
 		t.Parallel()
 		e := setup(t, inbox.Config{})
 		e.park(t, parked("A", 1))
-		outcome, err := e.store.ProcessParked(context.Background(), e.take(t, "o", 1)[0],
+		outcome, err := e.store.Park().Process(context.Background(), e.take(t, "o", 1)[0],
 			func(context.Context, pgx.Tx) error { return inbox.ErrAlreadyApplied })
 		if err != nil || outcome != inbox.Duplicate {
 			t.Fatalf("ProcessParked = %q, %v; want duplicate", outcome, err)
@@ -520,14 +520,14 @@ func TestProcessParked(t *testing.T) {
 			t.Fatal(err)
 		}
 		taken := e.take(t, "o", 1)[0]
-		outcome, err := e.store.ProcessParked(ctx, taken, record("parked"))
+		outcome, err := e.store.Park().Process(ctx, taken, record("parked"))
 		if err != nil || outcome != inbox.KeyReused {
 			t.Fatalf("ProcessParked = %q, %v; want key_reused", outcome, err)
 		}
 		if got := e.parkedKeys(t); !slices.Equal(got, []string{"A@1"}) {
 			t.Errorf("parked %q, want A@1 still", got)
 		}
-		if err := e.store.Remove(ctx, taken); err != nil {
+		if err := e.store.Park().Remove(ctx, taken); err != nil {
 			t.Errorf("Remove: %v", err)
 		}
 		if got := e.parkedKeys(t); len(got) != 0 {
@@ -543,7 +543,7 @@ func TestProcessParked(t *testing.T) {
 		p := e.take(t, "o", 1)[0]
 		rollback := errors.New("rollback")
 		err := inbox.WithTx(ctx, e.pool, func(ctx context.Context, tx pgx.Tx) error {
-			if err := e.store.UnparkTx(ctx, tx, p); err != nil {
+			if err := e.store.Park().RemoveTx(ctx, tx, p); err != nil {
 				return err
 			}
 			return rollback
@@ -563,19 +563,19 @@ func TestReschedule(t *testing.T) {
 	e := setup(t, inbox.Config{})
 	e.park(t, parked("A", 1))
 	p := e.take(t, "o", 1)[0]
-	err := e.store.Reschedule(ctx, p, inbox.ParkedFailure{
+	err := e.store.Park().Reschedule(ctx, p, inbox.ParkedFailure{
 		Err: errors.New("first"), Reason: reasonUnknownOrder, Spent: 300 * time.Millisecond, RetryIn: time.Hour,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := e.store.Get(ctx, p.ID)
+	got, err := e.store.Park().Get(ctx, p.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got.Attempts != 1 || got.Reason != reasonUnknownOrder || got.FirstError != "first" || got.LastError != "first" ||
-		got.FirstFailedAt.IsZero() || got.BudgetSpent != 300*time.Millisecond || got.ClaimedBy != "" ||
-		!got.ClaimedUntil.IsZero() || time.Until(got.NextAttemptAt) < 59*time.Minute {
+		got.FirstFailedAt.IsZero() || got.BudgetSpent != 300*time.Millisecond || got.HeldBy != "" ||
+		!got.HeldUntil.IsZero() || time.Until(got.NextAttemptAt) < 59*time.Minute {
 		t.Errorf("after the first Reschedule: %+v", got)
 	}
 	if taken := e.take(t, "o", 1); len(taken) != 0 {
@@ -584,10 +584,10 @@ func TestReschedule(t *testing.T) {
 
 	e.exec(t, `UPDATE inbox_parked SET next_attempt_at = now()`)
 	p = e.take(t, "o", 1)[0]
-	if err := e.store.Reschedule(ctx, p, inbox.ParkedFailure{Err: errors.New("second"), Spent: 200 * time.Millisecond}); err != nil {
+	if err := e.store.Park().Reschedule(ctx, p, inbox.ParkedFailure{Err: errors.New("second"), Spent: 200 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
-	again, err := e.store.Get(ctx, p.ID)
+	again, err := e.store.Park().Get(ctx, p.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -606,16 +606,16 @@ func TestRelease(t *testing.T) {
 	taken := e.take(t, "o", 3)
 
 	// An outage: the claim goes, no attempt nor budget is counted.
-	if err := e.store.Release(ctx, taken[0], time.Hour); err != nil {
+	if err := e.store.Park().Release(ctx, taken[0], time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	got, err := e.store.Get(ctx, taken[0].ID)
-	if err != nil || got.Attempts != 0 || got.BudgetSpent != 0 || got.ClaimedBy != "" || time.Until(got.NextAttemptAt) < 59*time.Minute {
+	got, err := e.store.Park().Get(ctx, taken[0].ID)
+	if err != nil || got.Attempts != 0 || got.BudgetSpent != 0 || got.HeldBy != "" || time.Until(got.NextAttemptAt) < 59*time.Minute {
 		t.Errorf("after Release: %+v, %v", got, err)
 	}
 
 	// The owner stops: its other claims go, due as they were.
-	if n, err := e.store.ReleaseAll(ctx, "o"); err != nil || n != 2 {
+	if n, err := e.store.Park().ReleaseAll(ctx, "o"); err != nil || n != 2 {
 		t.Errorf("ReleaseAll = %d, %v; want 2", n, err)
 	}
 	if next := e.take(t, "next", 3); len(next) != 2 {
@@ -627,7 +627,7 @@ func TestClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := setup(t, inbox.Config{})
-	if _, err := e.store.Park(ctx, parked("A", 1), time.Hour); err != nil {
+	if _, err := e.store.Park().Add(ctx, parked("A", 1), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	e.park(t, parked("A", 2))
@@ -637,20 +637,20 @@ func TestClaim(t *testing.T) {
 	}
 
 	// Neither due nor the head: an operator claims it all the same.
-	p, err := e.store.Claim(ctx, behind, "operator", time.Minute)
-	if err != nil || p.IdempotencyKey != "A@2" || p.ClaimedBy != "operator" {
+	p, err := e.store.Park().Hold(ctx, behind, "operator", time.Minute)
+	if err != nil || p.IdempotencyKey != "A@2" || p.HeldBy != "operator" {
 		t.Fatalf("Claim = %+v, %v; want A@2 for operator", p, err)
 	}
-	if _, err := e.store.Claim(ctx, behind, "other", time.Minute); !errors.Is(err, inbox.ErrClaimed) {
+	if _, err := e.store.Park().Hold(ctx, behind, "other", time.Minute); !errors.Is(err, inbox.ErrHeld) {
 		t.Errorf("a second Claim: %v, want ErrClaimed", err)
 	}
-	if _, err := e.store.Claim(ctx, behind, "operator", time.Minute); err != nil {
+	if _, err := e.store.Park().Hold(ctx, behind, "operator", time.Minute); err != nil {
 		t.Errorf("the holder's Claim again: %v, want it renewed", err)
 	}
-	if err := e.store.Remove(ctx, p); err != nil {
+	if err := e.store.Park().Remove(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.store.Claim(ctx, behind, "operator", time.Minute); !errors.Is(err, inbox.ErrNotParked) {
+	if _, err := e.store.Park().Hold(ctx, behind, "operator", time.Minute); !errors.Is(err, inbox.ErrNotParked) {
 		t.Errorf("Claim of a removed message: %v, want ErrNotParked", err)
 	}
 	if got := e.parkedKeys(t); !slices.Equal(got, []string{"A@1"}) {
@@ -663,7 +663,7 @@ func TestListAndRetryNow(t *testing.T) {
 	ctx := context.Background()
 	e := setup(t, inbox.Config{})
 	later := func(p inbox.Parked) inbox.Parked {
-		if _, err := e.store.Park(ctx, p, time.Hour); err != nil {
+		if _, err := e.store.Park().Add(ctx, p, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		return p
@@ -675,7 +675,7 @@ func TestListAndRetryNow(t *testing.T) {
 	later(parked("A", 1))
 	later(u)
 
-	list, err := e.store.List(ctx, "", 0)
+	list, err := e.store.Park().List(ctx, "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -686,13 +686,13 @@ func TestListAndRetryNow(t *testing.T) {
 	if want := []string{"t/A@1+0", "t/A@2+1", "t/B@5+0", "u/Z@9+0"}; !slices.Equal(got, want) {
 		t.Errorf("List = %q, want %q", got, want)
 	}
-	if list, err := e.store.List(ctx, "u", 0); err != nil || len(list) != 1 {
+	if list, err := e.store.Park().List(ctx, "u", 0); err != nil || len(list) != 1 {
 		t.Errorf("List(u) = %d messages, %v; want 1", len(list), err)
 	}
-	if list, err := e.store.List(ctx, "", 2); err != nil || len(list) != 2 {
+	if list, err := e.store.Park().List(ctx, "", 2); err != nil || len(list) != 2 {
 		t.Errorf("List(limit 2) = %d messages, %v; want 2", len(list), err)
 	}
-	if _, err := e.store.List(ctx, "", -1); err == nil {
+	if _, err := e.store.Park().List(ctx, "", -1); err == nil {
 		t.Error("List(limit -1) succeeded, want an error")
 	}
 
@@ -700,13 +700,13 @@ func TestListAndRetryNow(t *testing.T) {
 		t.Fatalf("took %q, want nothing due", idempotencyKeys(taken))
 	}
 	// A@2 is due now, but A@1 is ahead of it.
-	if n, err := e.store.RetryNow(ctx, []int64{list[1].ID}); err != nil || n != 1 {
+	if n, err := e.store.Park().RetryNow(ctx, []int64{list[1].ID}); err != nil || n != 1 {
 		t.Fatalf("RetryNow = %d, %v; want 1", n, err)
 	}
 	if taken := e.take(t, "o", 10); len(taken) != 0 {
 		t.Errorf("took %q, want nothing: A@2 waits behind A@1", idempotencyKeys(taken))
 	}
-	if n, err := e.store.RetryAllNow(ctx, "t"); err != nil || n != 3 {
+	if n, err := e.store.Park().RetryAllNow(ctx, "t"); err != nil || n != 3 {
 		t.Fatalf("RetryAllNow(t) = %d, %v; want 3", n, err)
 	}
 	if taken := idempotencyKeys(e.take(t, "o", 10)); !slices.Equal(sorted(taken), []string{"A@1", "B@5"}) {
@@ -718,14 +718,14 @@ func TestParkStats(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := setup(t, inbox.Config{})
-	if stats, err := e.store.Stats(ctx); err != nil || len(stats) != 0 {
+	if stats, err := e.store.Park().Stats(ctx); err != nil || len(stats) != 0 {
 		t.Fatalf("Stats of an empty park = %+v, %v; want none", stats, err)
 	}
 	u := parked("Z", 9)
 	u.Topic = "u"
 	e.park(t, parked("A", 1), parked("A", 2), parked("B", 3), u)
 	e.exec(t, `UPDATE inbox_parked SET parked_at = now() - interval '90 seconds' WHERE idempotency_key = 'A@1'`)
-	stats, err := e.store.Stats(ctx)
+	stats, err := e.store.Park().Stats(ctx)
 	if err != nil || len(stats) != 2 {
 		t.Fatalf("Stats = %+v, %v; want two topics", stats, err)
 	}
@@ -750,36 +750,36 @@ func TestParkStarts(t *testing.T) {
 			t.Fatalf("take %d: %+v, want A@1", want, taken)
 		}
 		id = taken[0].ID
-		if starts, err := e.store.Begin(ctx, taken[0]); err != nil || starts != want {
+		if starts, err := e.store.Park().Start(ctx, taken[0]); err != nil || starts != want {
 			t.Fatalf("Begin %d = %d, %v; want %d", want, starts, err, want)
 		}
 		e.lapse(t, "A@1") // its owner died
 	}
-	if got, err := e.store.Get(ctx, id); err != nil || got.Starts != 3 {
+	if got, err := e.store.Park().Get(ctx, id); err != nil || got.Starts != 3 {
 		t.Errorf("Starts = %d, %v; want 3", got.Starts, err)
 	}
 	stale := e.take(t, "alive", 1)[0]
 	e.lapse(t, "A@1")
 	e.take(t, "other", 1)
-	if _, err := e.store.Begin(ctx, stale); !errors.Is(err, inbox.ErrClaimLost) {
+	if _, err := e.store.Park().Start(ctx, stale); !errors.Is(err, inbox.ErrHoldLost) {
 		t.Errorf("Begin by a stale owner: %v, want ErrClaimLost", err)
 	}
 	for name, settle := range map[string]func(inbox.Parked) error{
 		"Reschedule": func(p inbox.Parked) error {
-			return e.store.Reschedule(ctx, p, inbox.ParkedFailure{Err: errors.New("x")})
+			return e.store.Park().Reschedule(ctx, p, inbox.ParkedFailure{Err: errors.New("x")})
 		},
-		"Release":    func(p inbox.Parked) error { return e.store.Release(ctx, p, 0) },
-		"ReleaseAll": func(p inbox.Parked) error { _, err := e.store.ReleaseAll(ctx, p.ClaimedBy); return err },
+		"Release":    func(p inbox.Parked) error { return e.store.Park().Release(ctx, p, 0) },
+		"ReleaseAll": func(p inbox.Parked) error { _, err := e.store.Park().ReleaseAll(ctx, p.HeldBy); return err },
 	} {
-		e.exec(t, `UPDATE inbox_parked SET next_attempt_at = now(), claimed_by = NULL, claimed_until = NULL`)
+		e.exec(t, `UPDATE inbox_parked SET next_attempt_at = now(), held_by = NULL, held_until = NULL`)
 		p := e.take(t, "alive", 1)[0]
-		if _, err := e.store.Begin(ctx, p); err != nil {
+		if _, err := e.store.Park().Start(ctx, p); err != nil {
 			t.Fatal(err)
 		}
 		if err := settle(p); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		if got, err := e.store.Get(ctx, p.ID); err != nil || got.Starts != 0 {
+		if got, err := e.store.Park().Get(ctx, p.ID); err != nil || got.Starts != 0 {
 			t.Errorf("after %s: %d starts, %v; want 0", name, got.Starts, err)
 		}
 	}

@@ -95,7 +95,7 @@ func listParked(ctx context.Context, out io.Writer, store *inbox.Store, budget t
 		}
 		topic = args[0]
 	}
-	list, err := store.List(ctx, topic, 0)
+	list, err := store.Park().List(ctx, topic, 0)
 	if err != nil {
 		return fmt.Errorf("read the park: %w", err)
 	}
@@ -142,8 +142,8 @@ func parkedLine(p inbox.Parked, budget time.Duration, now time.Time) string {
 		"budget_spent=" + rounded(p.BudgetSpent),
 		"budget_left=" + rounded(max(budget-p.BudgetSpent, 0)),
 	}
-	if p.ClaimedBy != "" && p.ClaimedUntil.After(now) {
-		fields = append(fields, "claimed_by="+replay.Displayed(p.ClaimedBy))
+	if p.HeldBy != "" && p.HeldUntil.After(now) {
+		fields = append(fields, "held_by="+replay.Displayed(p.HeldBy))
 	}
 	if p.LastError != "" {
 		fields = append(fields, "last_error="+strconv.Quote(p.LastError))
@@ -195,7 +195,7 @@ func retryParked(ctx context.Context, out io.Writer, store *inbox.Store, args []
 			}
 			topic = args[1]
 		}
-		n, err = store.RetryAllNow(ctx, topic)
+		n, err = store.Park().RetryAllNow(ctx, topic)
 	} else {
 		ids, perr := parseIDs(args)
 		if perr != nil {
@@ -219,7 +219,7 @@ func printDue(out io.Writer, n int64) {
 func retryIDs(ctx context.Context, out io.Writer, store *inbox.Store, ids []int64) error {
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
-	n, err := store.RetryNow(ctx, ids)
+	n, err := store.Park().RetryNow(ctx, ids)
 	if err != nil {
 		return fmt.Errorf("retry parked messages: %w", err)
 	}
@@ -230,7 +230,7 @@ func retryIDs(ctx context.Context, out io.Writer, store *inbox.Store, ids []int6
 		return nil
 	}
 	// Some are not in the park: which, read from the park as it is now.
-	list, err := store.List(ctx, "", 0)
+	list, err := store.Park().List(ctx, "", 0)
 	if err != nil {
 		return fmt.Errorf("%d of the %d parked messages were made due now; read the park: %w", n, len(ids), err)
 	}
@@ -300,11 +300,11 @@ func deadLetterParked(ctx context.Context, cfg Config, store *inbox.Store) error
 	w.AllowAutoTopicCreation = true
 	defer w.Close()
 	for i, id := range ids {
-		p, err := store.Claim(ctx, id, owner, operatorLease)
+		p, err := store.Park().Hold(ctx, id, owner, operatorLease)
 		switch {
 		case errors.Is(err, inbox.ErrNotParked):
 			return fmt.Errorf("parked message %d: not in the park (applied, dead-lettered, or a wrong id; see worker parked list)%s", id, done(i))
-		case errors.Is(err, inbox.ErrClaimed):
+		case errors.Is(err, inbox.ErrHeld):
 			return fmt.Errorf("parked message %d: the worker is retrying it right now; try again in a moment%s", id, done(i))
 		case err != nil:
 			return fmt.Errorf("parked message %d: %w%s", id, err, done(i))
@@ -314,7 +314,7 @@ func deadLetterParked(ctx context.Context, cfg Config, store *inbox.Store) error
 			// The claim lapses by itself: the worker takes the message back.
 			return fmt.Errorf("parked message %d: write its dead letter to %s: %w%s", id, letter.Topic, err, done(i))
 		}
-		if err := store.Remove(ctx, p); err != nil {
+		if err := store.Park().Remove(ctx, p); err != nil {
 			return fmt.Errorf("parked message %d: dead-lettered to %s, but not taken out of the park: %w%s",
 				id, letter.Topic, err, done(i))
 		}

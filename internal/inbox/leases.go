@@ -9,39 +9,39 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// leaseClaim is step 1 of one call (see ProcessCall), waiting for, or in, a group (see group.go).
-type leaseClaim struct {
+// leaseRequest is step 1 of one call (see ProcessCall), waiting for, or in, a group (see group.go).
+type leaseRequest struct {
 	member
 	lease *lease
 	call  Call
 	// Set by the group's commit: the key's outcome ("" when the lease was taken and the call is to
-	// be made), or the error that ends this message's attempt without a lease (another claim's lease
+	// be made), or the error that ends this message's attempt without a lease (another caller's lease
 	// is live), and the actions Check registered with AfterCommit.
 	outcome Outcome
 	err     error
 	actions *afterCommitActions
 }
 
-func (c *leaseClaim) base() *member { return &c.member }
+func (c *leaseRequest) base() *member { return &c.member }
 
-// claimer returns the grouper of handler's claims.
-func (s *Store) claimer(handler string) *grouper[*leaseClaim] {
-	return grouperOf(&s.claimers, handler, func() *grouper[*leaseClaim] {
-		return &grouper[*leaseClaim]{
+// leaseTaker returns the grouper of the lease requests of handler's calls.
+func (s *Store) leaseTaker(handler string) *grouper[*leaseRequest] {
+	return grouperOf(&s.leaseTakers, handler, func() *grouper[*leaseRequest] {
+		return &grouper[*leaseRequest]{
 			// One statement takes the group's leases, and can take each key's once.
-			admits: func(group []*leaseClaim, c *leaseClaim) bool {
-				return !slices.ContainsFunc(group, func(o *leaseClaim) bool { return o.lease.msg.Key == c.lease.msg.Key })
+			admits: func(group []*leaseRequest, c *leaseRequest) bool {
+				return !slices.ContainsFunc(group, func(o *leaseRequest) bool { return o.lease.msg.Key == c.lease.msg.Key })
 			},
-			commit: s.commitClaims,
+			commit: s.commitLeases,
 		}
 	})
 }
 
-// claimLease is step 1 of ProcessCall for l, in a transaction that other claims of l's handler may
+// takeLease is step 1 of ProcessCall for l, in a transaction that other lease requests of l's handler may
 // share: it takes l's lease and runs call.Check, as lease does.
-func (s *Store) claimLease(ctx context.Context, l *lease, call Call) (Outcome, error) {
-	c := &leaseClaim{member: newMember(ctx), lease: l, call: call}
-	switch err := s.claimer(l.msg.Handler).do(c); {
+func (s *Store) takeLease(ctx context.Context, l *lease, call Call) (Outcome, error) {
+	c := &leaseRequest{member: newMember(ctx), lease: l, call: call}
+	switch err := s.leaseTaker(l.msg.Handler).do(c); {
 	case errors.Is(err, errAlone):
 		return s.lease(ctx, l, call)
 	case err != nil:
@@ -61,17 +61,17 @@ FROM unnest($2::text[], $3::text[], $4::bigint[]) AS m(key, holder, lease)
 ORDER BY m.key
 ON CONFLICT (handler, idempotency_key) DO UPDATE
 SET holder = excluded.holder, expires_at = excluded.expires_at, attempts = inbox_leases.attempts + 1,
-    claimed_at = now()
+    taken_at = now()
 WHERE inbox_leases.expires_at <= now()
 RETURNING idempotency_key, attempts`
 
-// commitClaims commits a group of claims in one transaction, with what lease does for one: one
+// commitLeases commits a group of lease requests in one transaction, with what lease does for one: one
 // statement takes the leases, one looks for the keys' inbox rows, Check runs for each key neither
-// applied nor leased by another claim, and one statement deletes the leases taken for keys found
+// applied nor leased by another caller, and one statement deletes the leases taken for keys found
 // applied (lease rolls its transaction back instead, which the others' leases forbid here). An error
-// of one Check fails the group: its claims are taken again one by one, and the faulty message ends
+// of one Check fails the group: its requests are made again one by one, and the faulty message ends
 // its attempt without a lease, as lease says.
-func (s *Store) commitClaims(ctx context.Context, group []*leaseClaim) error {
+func (s *Store) commitLeases(ctx context.Context, group []*leaseRequest) error {
 	handler := group[0].lease.msg.Handler
 	keys, holders, leases := make([]string, len(group)), make([]string, len(group)), make([]int64, len(group))
 	for i, c := range group {
@@ -79,7 +79,7 @@ func (s *Store) commitClaims(ctx context.Context, group []*leaseClaim) error {
 	}
 	return WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		b := &pgx.Batch{}
-		b.Queue(`SELECT set_config('synchronous_commit', $1, true)`, claimSynchronousCommit)
+		b.Queue(`SELECT set_config('synchronous_commit', $1, true)`, leaseSynchronousCommit)
 		b.Queue(takeLeasesSQL, handler, keys, holders, leases)
 		// One lookup by primary key per key (see resolveConflicts).
 		b.Queue(`
@@ -110,10 +110,10 @@ func (s *Store) commitClaims(ctx context.Context, group []*leaseClaim) error {
 			})
 		}
 		if err := errors.Join(err, results.Close()); err != nil {
-			return Classify(fmt.Errorf("inbox: claim the leases: %w", err))
+			return Classify(fmt.Errorf("inbox: take the leases: %w", err))
 		}
 
-		var forget []int // claims whose lease, taken, goes: their keys are applied
+		var forget []int // requests whose lease, taken, goes: their keys are applied
 		for i, c := range group {
 			msg := c.lease.msg
 			attempts, isTaken := taken[msg.Key]

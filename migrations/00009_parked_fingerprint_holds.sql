@@ -11,7 +11,18 @@ ALTER TABLE inbox_parked DROP CONSTRAINT inbox_parked_topic_partition_offset_key
 ALTER TABLE inbox_parked ADD CONSTRAINT inbox_parked_origin_key
     UNIQUE (topic, "partition", "offset", fingerprint); -- a redelivered message is parked once
 
+-- A retrier's claim on a parked message is its hold: "claim" is the inbox row's word.
+ALTER TABLE inbox_parked RENAME COLUMN claimed_by TO held_by;
+ALTER TABLE inbox_parked RENAME COLUMN claimed_until TO held_until;
+ALTER TABLE inbox_parked RENAME CONSTRAINT inbox_parked_check1 TO inbox_parked_held_check;
+-- And a call's lease is taken, not claimed.
+ALTER TABLE inbox_leases RENAME COLUMN claimed_at TO taken_at;
+
 -- +goose Down
+ALTER TABLE inbox_leases RENAME COLUMN taken_at TO claimed_at;
+ALTER TABLE inbox_parked RENAME CONSTRAINT inbox_parked_held_check TO inbox_parked_check1;
+ALTER TABLE inbox_parked RENAME COLUMN held_until TO claimed_until;
+ALTER TABLE inbox_parked RENAME COLUMN held_by TO claimed_by;
 ALTER TABLE inbox_parked DROP CONSTRAINT inbox_parked_origin_key;
 DELETE FROM inbox_parked a USING inbox_parked b
 WHERE a.topic = b.topic AND a."partition" = b."partition" AND a."offset" = b."offset" AND a.id > b.id;
