@@ -12,8 +12,9 @@ import (
 // with the effect, and what a call handler sends the other service so that a repeated call is
 // one), its value as received (Value), and which attempt at it this is (Attempt, from 1: each run
 // of its handler counts, in place, in a batch or once parked; a call route's lease carries the
-// count of its calls across processes). A handler never sees a Kafka type, an offset or a retry
-// policy.
+// count of its calls across processes), and when it was produced (Produced: its record's
+// timestamp, for a handler that drops what is too old to be of use). A handler never sees a Kafka
+// type, an offset or a retry policy.
 type Delivery = inbox.Delivery
 
 // Handler applies one message's effect through tx, the transaction that also writes the message's

@@ -11,6 +11,10 @@ ALTER TABLE inbox_parked DROP CONSTRAINT inbox_parked_topic_partition_offset_key
 ALTER TABLE inbox_parked ADD CONSTRAINT inbox_parked_origin_key
     UNIQUE (topic, "partition", "offset", fingerprint); -- a redelivered message is parked once
 
+-- When the message was produced (its record's timestamp), for handlers that drop what is too old;
+-- NULL for messages parked before.
+ALTER TABLE inbox_parked ADD COLUMN produced_at timestamptz;
+
 -- A retrier's claim on a parked message is its hold: "claim" is the inbox row's word.
 ALTER TABLE inbox_parked RENAME COLUMN claimed_by TO held_by;
 ALTER TABLE inbox_parked RENAME COLUMN claimed_until TO held_until;
@@ -19,6 +23,7 @@ ALTER TABLE inbox_parked RENAME CONSTRAINT inbox_parked_check1 TO inbox_parked_h
 ALTER TABLE inbox_leases RENAME COLUMN claimed_at TO taken_at;
 
 -- +goose Down
+ALTER TABLE inbox_parked DROP COLUMN produced_at;
 ALTER TABLE inbox_leases RENAME COLUMN taken_at TO claimed_at;
 ALTER TABLE inbox_parked RENAME CONSTRAINT inbox_parked_held_check TO inbox_parked_check1;
 ALTER TABLE inbox_parked RENAME COLUMN held_until TO claimed_until;

@@ -20,15 +20,22 @@ import (
 // panic; everything that runs a handler goes through it, and what happens next is decide's
 // (policy.go).
 type attempt struct {
-	// msgs are the messages, as the inbox records them, and values their values: one, or a batch.
-	msgs   []inbox.Message
-	values [][]byte
-	// numbers are their attempt numbers (Delivery.Attempt), this one included.
-	numbers []int
-	// parked, when set, is the parked message being retried, which the caller holds; msgs holds it.
+	// units are its messages: one, or a batch.
+	units []unit
+	// parked, when set, is the parked message being retried, which the caller holds; units holds it.
 	parked *inbox.Parked
 	// log is the logger of the message (or the batch), for a panic.
 	log *slog.Logger
+}
+
+// unit is one message of an attempt.
+type unit struct {
+	// msg is the message as the inbox records it, value its value, produced its record's time.
+	msg      inbox.Message
+	value    []byte
+	produced time.Time
+	// number is the attempt's number for the message (Delivery.Attempt), this one included.
+	number int
 }
 
 // result is what an attempt came to.
@@ -73,13 +80,13 @@ func (rt *route) run(work context.Context, a attempt) result {
 	ctx, cancel := context.WithTimeout(work, rt.attemptTimeout)
 	defer cancel()
 	began, pausedBefore := time.Now(), rt.gate.paused()
-	r := result{failed: -1, ran: make([]int, len(a.msgs))}
+	r := result{failed: -1, ran: make([]int, len(a.units))}
 	switch {
 	case rt.Call != nil:
 		r.outcomes, r.err = rt.call(ctx, a, &r)
 	case a.parked != nil:
 		r.outcomes, r.err = rt.applyParked(ctx, a, &r)
-	case len(a.msgs) > 1 || rt.batcher != nil:
+	case len(a.units) > 1 || rt.batcher != nil:
 		r.outcomes, r.err = rt.applyBatch(ctx, a, &r)
 	default:
 		r.outcomes, r.err = rt.apply(ctx, a, &r)
@@ -87,7 +94,7 @@ func (rt *route) run(work context.Context, a attempt) result {
 	if r.err != nil {
 		r.outcomes = nil
 		r.err = rt.classify(work, r.err)
-		if r.failed < 0 && len(a.msgs) == 1 {
+		if r.failed < 0 && len(a.units) == 1 {
 			r.failed = 0
 		}
 	}
@@ -97,12 +104,13 @@ func (rt *route) run(work context.Context, a attempt) result {
 
 // delivery is what the handler sees of message i of a.
 func (a attempt) delivery(i int) inbox.Delivery {
-	return inbox.Delivery{Key: a.msgs[i].Key, Value: a.values[i], Attempt: a.numbers[i]}
+	u := a.units[i]
+	return inbox.Delivery{Key: u.msg.Key, Value: u.value, Attempt: u.number, Produced: u.produced}
 }
 
 // apply runs a Handler on a's one message, with its inbox row, in one transaction.
 func (rt *route) apply(ctx context.Context, a attempt, r *result) ([]inbox.Outcome, error) {
-	outcome, err := rt.store.Process(ctx, a.msgs[0], func(ctx context.Context, tx pgx.Tx) (err error) {
+	outcome, err := rt.store.Process(ctx, a.units[0].msg, func(ctx context.Context, tx pgx.Tx) (err error) {
 		r.ran[0] = 1
 		defer recoverHandler(ctx, a.log, &err)
 		return rt.Handler.Handle(ctx, tx, a.delivery(0))
@@ -126,7 +134,11 @@ func (rt *route) applyParked(ctx context.Context, a attempt, r *result) ([]inbox
 func (rt *route) applyBatch(ctx context.Context, a attempt, r *result) ([]inbox.Outcome, error) {
 	var claimed []int
 	panicked := false
-	outcomes, err := rt.store.ProcessBatch(ctx, a.msgs, func(ctx context.Context, tx pgx.Tx, ids []int) (results []error) {
+	msgs := make([]inbox.Message, len(a.units))
+	for i, u := range a.units {
+		msgs[i] = u.msg
+	}
+	outcomes, err := rt.store.ProcessBatch(ctx, msgs, func(ctx context.Context, tx pgx.Tx, ids []int) (results []error) {
 		claimed = ids
 		ds := make([]inbox.Delivery, len(ids))
 		for j, i := range ids {
@@ -171,7 +183,7 @@ func (rt *route) call(ctx context.Context, a attempt, r *result) ([]inbox.Outcom
 		}
 	}
 	d := a.delivery(0)
-	outcome, err := rt.store.ProcessCall(ctx, a.msgs[0], inbox.Call{
+	outcome, err := rt.store.ProcessCall(ctx, a.units[0].msg, inbox.Call{
 		Lease: rt.CallLease,
 		Check: func(ctx context.Context, tx pgx.Tx) (err error) {
 			defer recoverHandler(ctx, a.log, &err)

@@ -134,14 +134,11 @@ func (p *partition) applyEach(ctx context.Context, msgs []*entry, hs []history, 
 // handler: up to the message the batch failed on, if it did.
 func (p *partition) transact(ctx context.Context, msgs []*entry, hs []history) result {
 	a := attempt{
-		msgs:    make([]inbox.Message, len(msgs)),
-		values:  make([][]byte, len(msgs)),
-		numbers: make([]int, len(msgs)),
-		log:     p.log.With("first_offset", msgs[0].msg.Offset, "last_offset", msgs[len(msgs)-1].msg.Offset),
+		units: make([]unit, len(msgs)),
+		log:   p.log.With("first_offset", msgs[0].msg.Offset, "last_offset", msgs[len(msgs)-1].msg.Offset),
 	}
 	for i, e := range msgs {
-		a.msgs[i] = p.route.inboxMessage(p.id, e.msg.Offset, e.key, e.msg.Value)
-		a.values[i], a.numbers[i] = e.msg.Value, hs[i].attempts+1
+		a.units[i] = p.unitOf(e, hs[i].attempts+1)
 	}
 	r := p.route.run(ctx, a)
 	for i := range hs {

@@ -165,6 +165,7 @@ func toParked(route Route, partition int, m kafka.Message, key string, orderingK
 		IdempotencyKey: key,
 		MessageKey:     m.Key,
 		Value:          m.Value,
+		Produced:       m.Time,
 	}
 	for _, h := range m.Headers {
 		p.Headers = append(p.Headers, inbox.Header{Key: h.Key, Value: h.Value})
@@ -181,6 +182,7 @@ func fromParked(p inbox.Parked) kafka.Message {
 		Offset:    p.Offset,
 		Key:       p.MessageKey,
 		Value:     p.Value,
+		Time:      p.Produced,
 	}
 	for _, h := range p.Headers {
 		m.Headers = append(m.Headers, kafka.Header{Key: h.Key, Value: h.Value})

@@ -232,7 +232,7 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 	}
 	h := history{attempts: m.Attempts, spent: m.BudgetSpent, parked: true, reason: m.Reason, firstAt: m.FirstFailedAt}
 	res := r.p.route.run(ctx, attempt{
-		msgs: []inbox.Message{parkedMessage(m)}, values: [][]byte{m.Value}, numbers: []int{m.Attempts + 1},
+		units:  []unit{{msg: parkedMessage(m), value: m.Value, produced: m.Produced, number: m.Attempts + 1}},
 		parked: &m, log: log,
 	})
 	if ctx.Err() != nil || errors.Is(res.err, inbox.ErrHoldLost) {

@@ -106,7 +106,7 @@ func (p *partition) attemptInPlace(ctx context.Context, e *entry, a attempt, h h
 			return result{}, false, err
 		}
 	}
-	a.numbers[0] = h.attempts + 1
+	a.units[0].number = h.attempts + 1
 	r := p.route.run(ctx, a)
 	if ctx.Err() != nil {
 		g.record(permit, e.order, signalNone)
@@ -118,12 +118,13 @@ func (p *partition) attemptInPlace(ctx context.Context, e *entry, a attempt, h h
 
 // attemptOf is an attempt at e alone.
 func (p *partition) attemptOf(e *entry, log *slog.Logger) attempt {
-	return attempt{
-		msgs:    []inbox.Message{p.route.inboxMessage(p.id, e.msg.Offset, e.key, e.msg.Value)},
-		values:  [][]byte{e.msg.Value},
-		numbers: []int{1},
-		log:     log,
-	}
+	return attempt{units: []unit{p.unitOf(e, 1)}, log: log}
+}
+
+// unitOf is e in an attempt, its number-th.
+func (p *partition) unitOf(e *entry, number int) unit {
+	return unit{msg: p.route.inboxMessage(p.id, e.msg.Offset, e.key, e.msg.Value), value: e.msg.Value,
+		produced: e.msg.Time, number: number}
 }
 
 // finish settles e as d decided, applied, a duplicate or dead-lettered, and counts it.

@@ -270,4 +270,7 @@ type Delivery struct {
 	// handler counts, in place, in a batch or once parked; a call's lease carries the count of its
 	// calls across processes.
 	Attempt int
+	// Produced is when the message was produced: its record's timestamp (CreateTime, unless the
+	// topic is set to LogAppendTime), for a handler that drops what is too old to be of use.
+	Produced time.Time
 }

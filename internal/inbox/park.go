@@ -63,6 +63,8 @@ type Parked struct {
 	MessageKey []byte
 	Value      []byte
 	Headers    []Header
+	// Produced is the message's record timestamp; zero when unknown.
+	Produced time.Time
 	// Attempts counts the runs of its handler so far.
 	Attempts int
 	// Starts counts its retries begun in a row (Begin) that never settled: its retrier died in each.
@@ -134,13 +136,13 @@ func scanParked(row pgx.CollectableRow) (Parked, error) {
 		p                 Parked
 		keys, values      [][]byte
 		reason            string
-		firstFailed, held *time.Time
+		firstFailed, held, produced *time.Time
 		spentMicros       int64
 	)
 	err := row.Scan(&p.ID, &p.Handler, &p.Topic, &p.Partition, &p.Offset, &p.OrderingKey,
 		&p.IdempotencyKey, &p.MessageKey, &p.Value, &keys, &values, &p.Attempts, &p.Starts, &reason,
 		&p.FirstError, &p.LastError, &firstFailed, &spentMicros, &p.NextAttemptAt, &p.ParkedAt,
-		&p.HeldBy, &held)
+		&p.HeldBy, &held, &produced)
 	if err != nil {
 		return Parked{}, err
 	}
@@ -151,6 +153,9 @@ func scanParked(row pgx.CollectableRow) (Parked, error) {
 	}
 	if held != nil {
 		p.HeldUntil = *held
+	}
+	if produced != nil {
+		p.Produced = *produced
 	}
 	for i := range keys {
 		p.Headers = append(p.Headers, Header{Key: string(keys[i]), Value: values[i]})
@@ -180,17 +185,21 @@ func (k *Park) Add(ctx context.Context, p Parked, retryIn time.Duration) (bool, 
 		firstFailed = &p.FirstFailedAt
 	}
 	fingerprint := Fingerprint(p.Value)
+	var produced *time.Time
+	if !p.Produced.IsZero() {
+		produced = &p.Produced
+	}
 	tag, err := k.pool.Exec(ctx, `
 		INSERT INTO inbox_parked (handler, topic, "partition", "offset", fingerprint, ordering_key,
 			idempotency_key, message_key, value, header_keys, header_values, attempts, reason, first_error,
-			last_error, first_failed_at, budget_spent, next_attempt_at)
+			last_error, first_failed_at, budget_spent, next_attempt_at, produced_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-			$17 * interval '1 microsecond', now() + $18 * interval '1 microsecond')
+			$17 * interval '1 microsecond', now() + $18 * interval '1 microsecond', $19)
 		ON CONFLICT (topic, "partition", "offset", fingerprint) DO NOTHING`,
 		p.Handler, p.Topic, p.Partition, p.Offset, fingerprint[:], p.OrderingKey, p.IdempotencyKey,
 		p.MessageKey, p.Value, keys, values, p.Attempts, nullText(string(p.Reason)),
 		nullText(storedError(p.FirstError)), nullText(storedError(p.LastError)), firstFailed,
-		p.BudgetSpent.Microseconds(), retryIn.Microseconds())
+		p.BudgetSpent.Microseconds(), retryIn.Microseconds(), produced)
 	if err != nil {
 		return false, Classify(fmt.Errorf("inbox: park: %w", err))
 	}
@@ -563,7 +572,7 @@ func parkedColumnsOf(alias string) string {
 		"idempotency_key", "message_key", "value", "header_keys", "header_values", "attempts", "starts",
 		"coalesce(%s.reason, '')", "coalesce(%s.first_error, '')", "coalesce(%s.last_error, '')",
 		"first_failed_at", "(extract(epoch FROM %s.budget_spent) * 1000000)::bigint",
-		"next_attempt_at", "parked_at", "coalesce(%s.held_by, '')", "held_until"}
+		"next_attempt_at", "parked_at", "coalesce(%s.held_by, '')", "held_until", "produced_at"}
 	for i, c := range columns {
 		if strings.Contains(c, "%s") {
 			columns[i] = strings.ReplaceAll(c, "%s", alias)

@@ -105,6 +105,7 @@ func TestPark(t *testing.T) {
 			LastError:     "still no order A-1001",
 			FirstFailedAt: failedAt,
 			BudgetSpent:   1500 * time.Millisecond,
+			Produced:      failedAt.Add(-time.Minute),
 		}
 		ok, err := e.store.Park().Add(ctx, want, time.Hour)
 		if err != nil || !ok {
@@ -219,7 +220,7 @@ func equalParked(a, b inbox.Parked) bool {
 		a.Attempts == b.Attempts && a.Starts == b.Starts && a.Reason == b.Reason && a.FirstError == b.FirstError &&
 		a.LastError == b.LastError && eqTime(a.FirstFailedAt, b.FirstFailedAt) &&
 		a.BudgetSpent == b.BudgetSpent && eqTime(a.NextAttemptAt, b.NextAttemptAt) &&
-		eqTime(a.ParkedAt, b.ParkedAt) && a.HeldBy == b.HeldBy && eqTime(a.HeldUntil, b.HeldUntil) &&
+		eqTime(a.ParkedAt, b.ParkedAt) && a.HeldBy == b.HeldBy && eqTime(a.HeldUntil, b.HeldUntil) && eqTime(a.Produced, b.Produced) &&
 		a.Ahead == b.Ahead
 }
 
