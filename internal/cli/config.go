@@ -26,6 +26,11 @@ type Config struct {
 	TopicPayments string
 	TopicSMS      string
 	DLQSuffix     string
+	// TopicPaymentEvents is where the order events are published; "" (set as "-" or empty): none
+	// are emitted.
+	TopicPaymentEvents string
+	// OutboxRetention is how long a published event stays in the outbox table.
+	OutboxRetention time.Duration
 
 	SMSProviderURL   string
 	SMSProviderToken string
@@ -38,8 +43,9 @@ type Config struct {
 	// InboxRetentionPayments and InboxRetentionSMS are how long idempotency keys are remembered.
 	// Zero (the default) means "as long as the topic can redeliver": settled at start from the
 	// topic's configuration (see checkKafka).
-	InboxRetentionPayments time.Duration
-	InboxRetentionSMS      time.Duration
+	InboxRetentionPayments      time.Duration
+	InboxRetentionSMS           time.Duration
+	InboxRetentionPaymentEvents time.Duration
 
 	BatchSize int
 	BatchWait time.Duration
@@ -113,6 +119,15 @@ var settings = []*setting{
 	{Env: "TOPIC_SMS", Flag: "topic-sms", Default: "notifications.sms", Meta: "TOPIC", Use: useTopics,
 		Usage: "SMS event topic",
 		Set:   func(c *Config, v string) error { return parseTopic(&c.TopicSMS, v) }},
+	{Env: "TOPIC_PAYMENT_EVENTS", Flag: "topic-payment-events", Default: "payments.events", Meta: "TOPIC", Use: useTopics,
+		Usage: "where the order events (order.paid, payment.failed, payment.anomaly) are published from the outbox; - turns emission off",
+		Set: func(c *Config, v string) error {
+			if v == "-" || v == "" {
+				c.TopicPaymentEvents = ""
+				return nil
+			}
+			return parseTopic(&c.TopicPaymentEvents, v)
+		}},
 	{Env: "DLQ_SUFFIX", Flag: "dlq-suffix", Default: ".dlq", Meta: "SUFFIX", Use: useTopics | useReplay | useParked,
 		Usage: "dead-letter topic = source topic + suffix",
 		Set:   func(c *Config, v string) error { return parseTopic(&c.DLQSuffix, v) }},
@@ -144,6 +159,16 @@ var settings = []*setting{
 		Usage: "how long an SMS event's idempotency key is remembered " +
 			"(unset: the topic's retention.ms + segment.ms + 1h, read at start)",
 		Set: func(c *Config, v string) error { return envflag.OptionalDuration(&c.InboxRetentionSMS, v) }},
+	{Env: "INBOX_RETENTION_PAYMENT_EVENTS", Flag: "inbox-retention-payment-events", Meta: "DURATION", Use: useWorker,
+		Shown: settledFromTopic,
+		Usage: "how long an order event's idempotency key is remembered by the payment-received SMS route " +
+			"(unset: the topic's retention.ms + segment.ms + 1h, read at start)",
+		Set: func(c *Config, v string) error { return envflag.OptionalDuration(&c.InboxRetentionPaymentEvents, v) }},
+	{Env: "OUTBOX_RETENTION", Flag: "outbox-retention", Default: "24h", Meta: "DURATION", Use: useWorker,
+		Usage: "how long a published event stays in the outbox table before it is purged (1m to 720h)",
+		Set: func(c *Config, v string) error {
+			return boundedDuration(&c.OutboxRetention, v, time.Minute, 720*time.Hour)
+		}},
 	{Env: "BATCH_SIZE", Flag: "batch-size", Default: "256", Meta: "N", Use: useWorker,
 		Usage: "most messages of one partition applied in one transaction (1: a transaction per message)",
 		Set:   func(c *Config, v string) error { return envflag.Limit(&c.BatchSize, v) }},
@@ -207,6 +232,19 @@ var settings = []*setting{
 		Set:   func(c *Config, v string) error { return envflag.Bool(&c.NoMigrate, v) }},
 }
 
+// boundedDuration accepts a duration from least to most.
+func boundedDuration(dst *time.Duration, v string, least, most time.Duration) error {
+	var d time.Duration
+	if err := envflag.PositiveDuration(&d, v); err != nil {
+		return err
+	}
+	if d < least || d > most {
+		return fmt.Errorf("must be from %s to %s, got %s", least, most, v)
+	}
+	*dst = d
+	return nil
+}
+
 // settledFromTopic is how the startup line shows an inbox retention: unset ones are settled later,
 // from the topic.
 func settledFromTopic(v string) string { return cmp.Or(v, "from the topic") }
@@ -226,6 +264,8 @@ func (c *Config) check(name func(env string) string) error {
 		return fail("KAFKA_SASL_MECHANISM", "required when KAFKA_USERNAME or KAFKA_PASSWORD is set")
 	case c.TopicPayments == c.TopicSMS:
 		return fail("TOPIC_SMS", "must differ from TOPIC_PAYMENTS (both are %q)", c.TopicSMS)
+	case c.TopicPaymentEvents == c.TopicPayments || c.TopicPaymentEvents == c.TopicSMS:
+		return fail("TOPIC_PAYMENT_EVENTS", "must differ from TOPIC_PAYMENTS and TOPIC_SMS (it is %q)", c.TopicPaymentEvents)
 	case c.RetryInitialInterval > c.RetryMaxInterval:
 		return fail("RETRY_INITIAL_INTERVAL", "%s is longer than RETRY_MAX_INTERVAL %s",
 			c.RetryInitialInterval, c.RetryMaxInterval)

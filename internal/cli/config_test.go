@@ -98,6 +98,14 @@ func TestConfigErrors(t *testing.T) {
 			`worker: HTTP_ADDR: invalid address "8080" (use host:port)`},
 		{"BadDevAddr", map[string]string{"DEV_KAFKA_ADDR": "127.0.0.1:99999"}, []string{"dev"},
 			`worker: DEV_KAFKA_ADDR: invalid port in "127.0.0.1:99999"`},
+		{"OutboxRetentionTooShort", map[string]string{"OUTBOX_RETENTION": "10s"}, []string{"run"},
+			`worker: OUTBOX_RETENTION: must be from 1m0s to 720h0m0s, got 10s`},
+		{"OutboxRetentionTooLong", nil, []string{"run", "--outbox-retention=8760h"},
+			`worker: --outbox-retention: must be from 1m0s to 720h0m0s, got 8760h`},
+		{"EventsTopicIsConsumed", map[string]string{"TOPIC_PAYMENT_EVENTS": "notifications.sms"}, []string{"run"},
+			`worker: TOPIC_PAYMENT_EVENTS: must differ from TOPIC_PAYMENTS and TOPIC_SMS (it is "notifications.sms")`},
+		{"BadEventsTopic", map[string]string{"TOPIC_PAYMENT_EVENTS": "order events"}, []string{"run"},
+			`worker: TOPIC_PAYMENT_EVENTS: invalid topic name "order events" (letters, digits, '.', '_' and '-', at most 249)`},
 		{"MigrateSubcommand", nil, []string{"migrate", "down"},
 			`worker: unknown migrate subcommand "down" (want: worker migrate, or worker migrate status)`},
 		{"ExtraArgument", nil, []string{"run", "now"},
@@ -125,38 +133,41 @@ func TestConfigErrors(t *testing.T) {
 
 // contractDefaults are the defaults of the contract's configuration table.
 var contractDefaults = map[string]string{
-	"KAFKA_BROKERS":            "127.0.0.1:9092",
-	"KAFKA_GROUP_ID":           "inboxworker",
-	"KAFKA_SESSION_TIMEOUT":    "10s",
-	"KAFKA_SASL_MECHANISM":     "",
-	"KAFKA_USERNAME":           "",
-	"KAFKA_PASSWORD":           "",
-	"KAFKA_TLS":                "false",
-	"DATABASE_URL":             "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-	"TOPIC_PAYMENTS":           "payments.callbacks",
-	"TOPIC_SMS":                "notifications.sms",
-	"DLQ_SUFFIX":               ".dlq",
-	"SMS_PROVIDER_URL":         "",
-	"SMS_PROVIDER_TOKEN":       "",
-	"RETRY_INITIAL_INTERVAL":   "200ms",
-	"RETRY_MAX_INTERVAL":       "30s",
-	"RETRY_MAX_ELAPSED":        "5m",
-	"RETRY_PARK_AFTER":         "5s", // not in the contract's table: the park's
-	"INBOX_RETENTION_PAYMENTS": "",   // the topic's retention.ms + segment.ms + 1h, settled at start
-	"INBOX_RETENTION_SMS":      "",
-	"BATCH_SIZE":               "256", // not in the contract's table: the throughput settings
-	"BATCH_WAIT":               "5ms",
-	"LAG_INTERVAL":             "5s", // how often consumer_lag is refreshed
-	"ORDERING":                 "key",
-	"MAX_IN_FLIGHT":            "256",
-	"PAYMENTS_CONCURRENCY":     "4",
-	"SMS_CONCURRENCY":          "128",
-	"HTTP_ADDR":                ":8080",
-	"SHUTDOWN_TIMEOUT":         "30s",
-	"STARTUP_TIMEOUT":          "15s",
-	"LOG_LEVEL":                "info",
-	"LOG_FORMAT":               "json",
-	"DEV_KAFKA_ADDR":           "127.0.0.1:9092",
+	"KAFKA_BROKERS":                  "127.0.0.1:9092",
+	"KAFKA_GROUP_ID":                 "inboxworker",
+	"KAFKA_SESSION_TIMEOUT":          "10s",
+	"KAFKA_SASL_MECHANISM":           "",
+	"KAFKA_USERNAME":                 "",
+	"KAFKA_PASSWORD":                 "",
+	"KAFKA_TLS":                      "false",
+	"DATABASE_URL":                   "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+	"TOPIC_PAYMENTS":                 "payments.callbacks",
+	"TOPIC_SMS":                      "notifications.sms",
+	"DLQ_SUFFIX":                     ".dlq",
+	"TOPIC_PAYMENT_EVENTS":           "payments.events",
+	"SMS_PROVIDER_URL":               "",
+	"SMS_PROVIDER_TOKEN":             "",
+	"RETRY_INITIAL_INTERVAL":         "200ms",
+	"RETRY_MAX_INTERVAL":             "30s",
+	"RETRY_MAX_ELAPSED":              "5m",
+	"RETRY_PARK_AFTER":               "5s", // not in the contract's table: the park's
+	"INBOX_RETENTION_PAYMENTS":       "",   // the topic's retention.ms + segment.ms + 1h, settled at start
+	"INBOX_RETENTION_SMS":            "",
+	"INBOX_RETENTION_PAYMENT_EVENTS": "",    // the order events' route (payment-received SMS)
+	"OUTBOX_RETENTION":               "24h", // how long published events stay in the outbox
+	"BATCH_SIZE":                     "256", // not in the contract's table: the throughput settings
+	"BATCH_WAIT":                     "5ms",
+	"LAG_INTERVAL":                   "5s", // how often consumer_lag is refreshed
+	"ORDERING":                       "key",
+	"MAX_IN_FLIGHT":                  "256",
+	"PAYMENTS_CONCURRENCY":           "4",
+	"SMS_CONCURRENCY":                "128",
+	"HTTP_ADDR":                      ":8080",
+	"SHUTDOWN_TIMEOUT":               "30s",
+	"STARTUP_TIMEOUT":                "15s",
+	"LOG_LEVEL":                      "info",
+	"LOG_FORMAT":                     "json",
+	"DEV_KAFKA_ADDR":                 "127.0.0.1:9092",
 }
 
 func TestDefaults(t *testing.T) {
@@ -178,6 +189,7 @@ func TestDefaults(t *testing.T) {
 		KafkaBrokers: []string{"127.0.0.1:9092"}, KafkaGroupID: "inboxworker", KafkaSessionTimeout: 10 * time.Second,
 		DatabaseURL:   "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 		TopicPayments: "payments.callbacks", TopicSMS: "notifications.sms", DLQSuffix: ".dlq",
+		TopicPaymentEvents: "payments.events", OutboxRetention: 24 * time.Hour,
 		RetryInitialInterval: 200 * time.Millisecond, RetryMaxInterval: 30 * time.Second, RetryMaxElapsed: 5 * time.Minute, RetryParkAfter: 5 * time.Second,
 		BatchSize: 256, BatchWait: 5 * time.Millisecond, LagInterval: 5 * time.Second,
 		Ordering: "key", MaxInFlight: 256, PaymentsConcurrency: 4, SMSConcurrency: 128,

@@ -16,7 +16,9 @@ import (
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/notify"
+	"github.com/inboxworker/inboxworker/internal/outbox"
 	"github.com/inboxworker/inboxworker/internal/payment"
+	"github.com/inboxworker/inboxworker/internal/receipt"
 	"github.com/inboxworker/inboxworker/internal/redact"
 	"github.com/inboxworker/inboxworker/internal/startup"
 	"github.com/inboxworker/inboxworker/migrations"
@@ -66,14 +68,15 @@ type route struct {
 // paymentsInbox is the inbox name of the payment callbacks, which the demo's summary reads.
 const paymentsInbox = "payments"
 
-// routes are the worker's routes.
+// routes are the worker's routes: the payments and the SMS, and, while the order events are
+// emitted, the order events' route that asks for the payment-received SMS.
 func routes(cfg *Config) []route {
-	return []route{
+	rs := []route{
 		{topic: cfg.TopicPayments, inbox: paymentsInbox,
 			retention: &cfg.InboxRetentionPayments, retentionSetting: "INBOX_RETENTION_PAYMENTS",
 			concurrency: cfg.PaymentsConcurrency,
-			handler: func(_ *Config, logger *slog.Logger) (any, error) {
-				return payment.NewHandler(payment.Config{Logger: logger})
+			handler: func(cfg *Config, logger *slog.Logger) (any, error) {
+				return payment.NewHandler(payment.Config{EventsTopic: cfg.TopicPaymentEvents, Logger: logger})
 			}},
 		{topic: cfg.TopicSMS, inbox: "sms",
 			retention: &cfg.InboxRetentionSMS, retentionSetting: "INBOX_RETENTION_SMS",
@@ -86,7 +89,19 @@ func routes(cfg *Config) []route {
 				return notify.NewHandler(notify.Config{Sender: sender, Logger: logger})
 			}},
 	}
+	if cfg.TopicPaymentEvents != "" {
+		rs = append(rs, route{topic: cfg.TopicPaymentEvents, inbox: receiptsInbox,
+			retention: &cfg.InboxRetentionPaymentEvents, retentionSetting: "INBOX_RETENTION_PAYMENT_EVENTS",
+			concurrency: cfg.PaymentsConcurrency,
+			handler: func(cfg *Config, logger *slog.Logger) (any, error) {
+				return receipt.NewHandler(receipt.Config{SMSTopic: cfg.TopicSMS, Logger: logger})
+			}})
+	}
+	return rs
 }
+
+// receiptsInbox is the inbox name of the order events' route.
+const receiptsInbox = "receipts"
 
 // topics are the routes' topics.
 func topics(cfg *Config) []string {
@@ -117,7 +132,10 @@ type worker struct {
 	registry  *prometheus.Registry
 	metrics   *consumer.Metrics
 	anomalies *anomalyGauge
-	ops       *opsServer
+	relay     *outbox.Relay
+	// outboxMetrics are the relay's, registered before it is built.
+	outboxMetrics *outbox.Metrics
+	ops           *opsServer
 }
 
 // newWorker connects to Postgres and Kafka (waiting up to STARTUP_TIMEOUT for each), migrates, and
@@ -136,6 +154,7 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	w.metrics = consumer.NewMetrics(w.registry)
+	w.outboxMetrics = outbox.NewMetrics(w.registry)
 	w.anomalies = newAnomalyGauge(w.registry)
 	w.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "inboxworker_ready",
@@ -231,7 +250,29 @@ func (w *worker) wire(ctx context.Context) error {
 		Metrics:         w.metrics,
 		Logger:          logger,
 	})
+	if err != nil {
+		return err
+	}
+	w.relay, err = outbox.NewRelay(outbox.RelayConfig{
+		Pool:      w.pool,
+		Brokers:   cfg.KafkaBrokers,
+		SASL:      mechanism,
+		TLS:       tlsConfig,
+		Topics:    emittedTopics(cfg),
+		Retention: cfg.OutboxRetention,
+		Metrics:   w.outboxMetrics,
+		Logger:    logger,
+	})
 	return err
+}
+
+// emittedTopics are the topics the routes emit events to through the outbox: the order events', and
+// the SMS topic for the payment-received SMS; none while emission is off.
+func emittedTopics(cfg *Config) []string {
+	if cfg.TopicPaymentEvents == "" {
+		return nil
+	}
+	return []string{cfg.TopicPaymentEvents, cfg.TopicSMS}
 }
 
 // ordering is ORDERING's value for the consumer.
@@ -330,6 +371,9 @@ func (w *worker) run(ctx context.Context) (err error) {
 	purgeCtx, stopPurge := context.WithCancel(ctx)
 	wg.Go(func() { w.store.RunPurger(purgeCtx, 0) }) // at the inbox's own interval
 	wg.Go(func() { w.anomalies.run(purgeCtx, w.pool, w.logger) })
+	// The relay stops at SIGTERM, ending its write in progress and giving its lease up, so that
+	// another instance takes over at once; what the draining consumer emits meanwhile waits for it.
+	wg.Go(func() { w.relay.Run(ctx) })
 	stuck := false
 	defer func() {
 		stopPurge()
