@@ -84,6 +84,7 @@ func playDemo(ctx context.Context, a *app, cfg *Config, logger *slog.Logger, bro
 	fmt.Fprintf(a.stdout, "Demo: embedded Kafka broker on %s, Postgres schema %s (recreated).\n", brokerAddr, demo.Schema)
 	scenario := demo.Config{Broker: brokerAddr, Partitions: devbroker.Partitions, GroupID: cfg.KafkaGroupID,
 		TopicPayments: cfg.TopicPayments, TopicSMS: cfg.TopicSMS, DLQSuffix: cfg.DLQSuffix,
+		TopicPaymentEvents: cfg.TopicPaymentEvents, EventsInbox: receiptsInbox,
 		PaymentsInbox: paymentsInbox, Pool: pool, Metrics: w.registry, Out: a.stdout}
 	outcomes, err := demo.Play(ctx, scenario)
 	stopWorker()
