@@ -67,6 +67,10 @@ type Config struct {
 
 	DevKafkaAddr string
 
+	// receipts consumes the order events (the payment-received SMS) whatever TOPIC_PAYMENT_EVENTS
+	// says: worker dev and worker demo, whose embedded broker creates the topic.
+	receipts bool
+
 	// NoMigrate skips the migrations at start (worker run --no-migrate). A flag only.
 	NoMigrate bool
 

@@ -34,6 +34,7 @@ func runDemo(ctx context.Context, a *app, cfg *Config, _ []string) error {
 		_ = cfg.override("LOG_FORMAT", "text") // the demo is watched by a person
 	}
 	logger := newLogger(cfg, a.stderr)
+	cfg.receipts = true
 
 	addr := "127.0.0.1:0"
 	if cfg.explicit("DEV_KAFKA_ADDR") {
@@ -50,6 +51,7 @@ func runDemo(ctx context.Context, a *app, cfg *Config, _ []string) error {
 // playDemo runs the worker and the demo's scenario against the broker at brokerAddr, whose topics
 // exist, and prints the summary.
 func playDemo(ctx context.Context, a *app, cfg *Config, logger *slog.Logger, brokerAddr string) error {
+	cfg.receipts = true
 	// The address bound, for the worker and the startup line.
 	if err := cfg.override("KAFKA_BROKERS", brokerAddr); err != nil {
 		return err

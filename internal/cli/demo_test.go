@@ -31,6 +31,7 @@ func TestDemoAgainstTheTopics(t *testing.T) {
 	dbURL := freshDatabase(t)
 	cfg := parseConfig(t, map[string]string{"DATABASE_URL": dbURL, "HTTP_ADDR": "127.0.0.1:0"}, "demo")
 	log := testlog.New(t)
+	cfg.receipts = true // as runDemo: the order events' topic is one of the broker's
 	broker, err := devbroker.Start(t.Context(), "127.0.0.1:0", topics(cfg), cfg.DLQSuffix, log)
 	if err != nil {
 		t.Fatal(err)

@@ -27,6 +27,7 @@ func dev(ctx context.Context, a *app, cfg *Config, _ []string) error {
 		_ = cfg.override("LOG_FORMAT", "text") // worker dev is watched by a person, as the demo is
 	}
 	logger := newLogger(cfg, a.stderr)
+	cfg.receipts = true
 	broker, err := devbroker.Start(ctx, cfg.DevKafkaAddr, topics(cfg), cfg.DLQSuffix, logger)
 	if err != nil {
 		return err

@@ -69,7 +69,10 @@ type route struct {
 const paymentsInbox = "payments"
 
 // routes are the worker's routes: the payments and the SMS, and, while the order events are
-// emitted, the order events' route that asks for the payment-received SMS.
+// emitted, the order events' route that asks for the payment-received SMS — in worker dev and demo,
+// whose broker has the topic, and in worker run when TOPIC_PAYMENT_EVENTS is set: a consumer group
+// whose topic does not exist consumes none of its topics, so the default must not name one that
+// may not exist yet.
 func routes(cfg *Config) []route {
 	rs := []route{
 		{topic: cfg.TopicPayments, inbox: paymentsInbox,
@@ -89,7 +92,7 @@ func routes(cfg *Config) []route {
 				return notify.NewHandler(notify.Config{Sender: sender, Logger: logger})
 			}},
 	}
-	if cfg.TopicPaymentEvents != "" {
+	if cfg.TopicPaymentEvents != "" && (cfg.receipts || cfg.explicit("TOPIC_PAYMENT_EVENTS")) {
 		rs = append(rs, route{topic: cfg.TopicPaymentEvents, inbox: receiptsInbox,
 			retention: &cfg.InboxRetentionPaymentEvents, retentionSetting: "INBOX_RETENTION_PAYMENT_EVENTS",
 			concurrency: cfg.PaymentsConcurrency,
