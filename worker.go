@@ -18,6 +18,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/outbox"
 	"github.com/inboxworker/inboxworker/migrations"
 )
 
@@ -65,6 +66,12 @@ type Config struct {
 	// LagInterval is how often the lag of every partition of the routes' topics is read. Defaults
 	// to 5s.
 	LagInterval time.Duration
+	// EventTopics are the topics the handlers emit events to (Emit): when set, the worker runs the
+	// outbox's relay, which publishes the committed events — one instance of the group at a time,
+	// under a lease in Postgres. Leave it empty when Debezium relays the outbox table.
+	EventTopics []string
+	// OutboxRetention is how long a published event stays in the outbox table. Defaults to 24h.
+	OutboxRetention time.Duration
 	// Registerer, when set, gets the worker's Prometheus metrics (inboxworker_*), every series at 0
 	// from the start.
 	Registerer prometheus.Registerer
@@ -101,6 +108,7 @@ const (
 type Worker struct {
 	consumer *consumer.Consumer
 	store    *inbox.Store
+	relay    *outbox.Relay // nil without Config.EventTopics
 }
 
 // New returns a Worker for config, or an error naming the first invalid field. It connects to
@@ -149,18 +157,36 @@ func New(config Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inboxworker: %s", strings.TrimPrefix(err.Error(), "consumer: "))
 	}
-	return &Worker{consumer: c, store: store}, nil
+	w := &Worker{consumer: c, store: store}
+	if len(config.EventTopics) > 0 {
+		var m *outbox.Metrics
+		if config.Registerer != nil {
+			m = outbox.NewMetrics(config.Registerer)
+		}
+		w.relay, err = outbox.NewRelay(outbox.RelayConfig{Pool: config.Pool, Brokers: config.Brokers,
+			SASL: config.SASL, TLS: config.TLS, Topics: config.EventTopics, Retention: config.OutboxRetention,
+			Metrics: m, Logger: logger})
+		if err != nil {
+			return nil, fmt.Errorf("inboxworker: %w", err)
+		}
+	}
+	return w, nil
 }
 
-// Run consumes until ctx is cancelled, purging expired keys meanwhile. Then it stops fetching, lets
+// Run consumes until ctx is cancelled, purging expired keys meanwhile and, with Config.EventTopics,
+// relaying the outbox's events (the relay stops at once then, giving its lease up to another
+// instance; what the draining consumer emits meanwhile waits for it). Then it stops fetching, lets
 // the messages in flight finish within Config.ShutdownTimeout (after which their work is cancelled
 // and rolled back: nothing is committed half), commits the offsets of what finished, leaves the
 // group and returns nil. It returns an error only when it cannot run at all. Run may be called once.
 func (w *Worker) Run(ctx context.Context) error {
 	purge, stopPurge := context.WithCancel(ctx)
-	var purger sync.WaitGroup
-	purger.Go(func() { w.store.RunPurger(purge, 0) })
-	defer purger.Wait()
+	var background sync.WaitGroup
+	background.Go(func() { w.store.RunPurger(purge, 0) })
+	if w.relay != nil {
+		background.Go(func() { w.relay.Run(ctx) })
+	}
+	defer background.Wait()
 	defer stopPurge()
 	return w.consumer.Run(ctx)
 }

@@ -70,8 +70,10 @@ var modes = map[string]mode{
 	"kafka":   runKafka,
 	"message": runWorker(consumer.PerMessage),
 	"batch":   runWorker(consumer.PerBatch),
-	"copy":    runCopy,
-	"sms":     runSMS,
+	// batch_events is batch with the order events emitted through the outbox and relayed.
+	"batch_events": runPayments(consumer.PerBatch, true),
+	"copy":         runCopy,
+	"sms":          runSMS,
 }
 
 func run(ctx context.Context, cfg config, out io.Writer) error {
@@ -84,9 +86,9 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	for i, m := range cfg.Modes {
 		topics[i] = "bench." + m
 	}
-	deadLetterTopics := make([]string, len(topics))
-	for i, t := range topics {
-		deadLetterTopics[i] = t + ".dlq"
+	deadLetterTopics := make([]string, 0, len(topics))
+	for _, t := range topics {
+		deadLetterTopics = append(deadLetterTopics, t+".dlq", t+".events")
 	}
 	addr, stopBroker, err := startBroker(int32(cfg.Partitions), slices.Concat(topics, deadLetterTopics))
 	if err != nil {
@@ -202,6 +204,7 @@ func report(out io.Writer, results []result) {
 	ratio("batch", "message")
 	ratio("batch", "kafka")
 	ratio("batch", "copy")
+	ratio("batch_events", "batch")
 	for _, r := range results {
 		if r.Note != "" {
 			fmt.Fprintln(out, r.Note)

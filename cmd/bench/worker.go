@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
@@ -22,7 +23,12 @@ import (
 // stream, applying it with transactions (per message or per batch), until the group's committed
 // offsets reach the partitions' end offsets. The clock stops at that last offset commit; then the
 // consumer is stopped, and the database checked against the stream.
-func runWorker(transactions consumer.Transactions) mode {
+func runWorker(transactions consumer.Transactions) mode { return runPayments(transactions, false) }
+
+// runPayments is runWorker, with the order events emitted and relayed when events is set: then the
+// note says how fast the relay published them, and how long each took from its transaction's commit
+// to Kafka's acknowledgement.
+func runPayments(transactions consumer.Transactions, events bool) mode {
 	return func(ctx context.Context, e *env) (result, error) {
 		ends, err := endOffsets(ctx, e.addr, e.topic, e.cfg.Partitions)
 		if err != nil {
@@ -33,9 +39,24 @@ func runWorker(transactions consumer.Transactions) mode {
 		if err != nil {
 			return result{}, err
 		}
-		handler, err := payment.NewHandler(payment.Config{Logger: log})
+		var eventsTopic string
+		if events {
+			eventsTopic = e.topic + ".events"
+		}
+		h, err := payment.NewHandler(payment.Config{EventsTopic: eventsTopic, Logger: log})
 		if err != nil {
 			return result{}, err
+		}
+		var handler inboxworker.BatchHandler = h
+		var clock *publication
+		if events {
+			clock = newPublication(h)
+			handler = clock
+			stop, err := clock.relay(ctx, e, log)
+			if err != nil {
+				return result{}, err
+			}
+			defer stop()
 		}
 		metrics := consumer.NewMetrics(prometheus.NewRegistry())
 		progress := newProgress(e.topic, ends)
@@ -67,7 +88,13 @@ func runWorker(transactions consumer.Transactions) mode {
 		if err := checkPayments(ctx, e); err != nil {
 			return result{}, err
 		}
-		return result{Elapsed: elapsed, Messages: e.cfg.N, Latencies: progress.latencies}, nil
+		r := result{Elapsed: elapsed, Messages: e.cfg.N, Latencies: progress.latencies}
+		if clock != nil {
+			if r.Note, err = clock.note(ctx, e.stream.unique, progress.last()); err != nil {
+				return result{}, err
+			}
+		}
+		return r, nil
 	}
 }
 

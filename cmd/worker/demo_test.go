@@ -49,9 +49,12 @@ func TestDemo(t *testing.T) {
 	}
 	// received, applied, duplicates skipped, anomalies, dead-lettered, SMS sent: what the generated
 	// stream must come to.
+	// The order events: one per callback applied; the SMS topic: the generated events and the one
+	// payment-received SMS of DEMO-1001, whose customer has a phone.
 	want := map[string][]string{
-		"payments.callbacks": {"13", "7", "3", "3", "3", "-"},
-		"notifications.sms":  {"7", "3", "3", "-", "1", "3"},
+		"payments.callbacks": {"14", "7", "4", "3", "3", "-"},
+		"payments.events":    {"7", "7", "0", "-", "0", "-"},
+		"notifications.sms":  {"8", "4", "3", "-", "1", "4"},
 	}
 	for topic, w := range want {
 		if got := strings.Join(table[topic], " "); got != strings.Join(w, " ") {
@@ -98,6 +101,19 @@ func TestDemo(t *testing.T) {
 	}
 	if table["notifications.sms"][5] != fmt.Sprint(sent) {
 		t.Errorf("SMS sent %s, the database has %d", table["notifications.sms"][5], sent)
+	}
+	// One callback, redelivered three times: one PAID, one event, one SMS.
+	const chain = "End to end: DEMO-1001's callback delivered 4 times -> order PAID, 1 order.paid event on payments.events, 1 payment_received SMS sent"
+	if !strings.Contains(summary, chain) {
+		t.Errorf("the summary does not say %q", chain)
+	}
+	var events, receipts int
+	err = conn.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM inboxworker_demo.outbox WHERE aggregateid = 'DEMO-1001' AND type = 'order.paid' AND published_at IS NOT NULL),
+		(SELECT count(*) FROM inboxworker_demo.notifications WHERE template = 'payment_received')`).Scan(&events, &receipts)
+	if err != nil || events != 1 || receipts != 1 {
+		t.Errorf("the database has %d order.paid events of DEMO-1001 published and %d payment_received SMS (%v), want 1 and 1",
+			events, receipts, err)
 	}
 
 	rows, err := conn.Query(ctx, `SELECT order_no || ' ' || status FROM inboxworker_demo.orders ORDER BY order_no`)

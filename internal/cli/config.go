@@ -26,6 +26,8 @@ type Config struct {
 	// Routes are the settings of each route (routes.go), by name.
 	Routes    map[string]*routeSettings
 	DLQSuffix string
+	// OutboxRetention is how long a published event stays in the outbox table.
+	OutboxRetention time.Duration
 
 	SMSProviderURL   string
 	SMSProviderToken string
@@ -52,6 +54,10 @@ type Config struct {
 	LogFormat string // json or text
 
 	DevKafkaAddr string
+
+	// receipts consumes the order events (the payment-received SMS) whatever TOPIC_PAYMENT_EVENTS
+	// says: worker dev and worker demo, whose embedded broker creates the topic.
+	receipts bool
 
 	// NoMigrate skips the migrations at start (worker run --no-migrate). A flag only.
 	NoMigrate bool
@@ -130,6 +136,10 @@ var settings = []*setting{
 		Usage: "how long a message is retried in place before it is parked, out of its partition's way (ORDERING=key)",
 		Bound: envflag.Durations(100*time.Millisecond, time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryParkAfter, v) }},
+	{Env: "OUTBOX_RETENTION", Flag: "outbox-retention", Default: "24h", Meta: "DURATION", Use: useWorker,
+		Usage: "how long a published event stays in the outbox table before it is purged",
+		Bound: envflag.Durations(time.Minute, 720*time.Hour),
+		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.OutboxRetention, v) }},
 	{Env: "BATCH_SIZE", Flag: "batch-size", Default: "256", Meta: "N", Use: useWorker,
 		Usage: "most messages of one partition applied in one transaction (1: a transaction per message)",
 		Bound: envflag.Counts(1, 10000),

@@ -169,38 +169,42 @@ func TestConfigErrors(t *testing.T) {
 
 // contractDefaults are the defaults of the contract's configuration table.
 var contractDefaults = map[string]string{
-	"KAFKA_BROKERS":            "127.0.0.1:9092",
-	"KAFKA_GROUP_ID":           "inboxworker",
-	"KAFKA_SESSION_TIMEOUT":    "10s",
-	"KAFKA_SASL_MECHANISM":     "",
-	"KAFKA_USERNAME":           "",
-	"KAFKA_PASSWORD":           "",
-	"KAFKA_TLS":                "false",
-	"DATABASE_URL":             "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-	"TOPIC_PAYMENTS":           "payments.callbacks",
-	"TOPIC_SMS":                "notifications.sms",
-	"DLQ_SUFFIX":               ".dlq",
-	"SMS_PROVIDER_URL":         "",
-	"SMS_PROVIDER_TOKEN":       "",
-	"RETRY_INITIAL_INTERVAL":   "200ms",
-	"RETRY_MAX_INTERVAL":       "30s",
-	"RETRY_MAX_ELAPSED":        "5m",
-	"RETRY_PARK_AFTER":         "5s", // not in the contract's table: the park's
-	"INBOX_RETENTION_PAYMENTS": "",   // the topic's retention.ms + segment.ms + 1h, settled at start
-	"INBOX_RETENTION_SMS":      "",
-	"BATCH_SIZE":               "256", // not in the contract's table: the throughput settings
-	"BATCH_WAIT":               "5ms",
-	"LAG_INTERVAL":             "5s", // how often consumer_lag is refreshed
-	"ORDERING":                 "key",
-	"MAX_IN_FLIGHT":            "256",
-	"PAYMENTS_CONCURRENCY":     "4",
-	"SMS_CONCURRENCY":          "128",
-	"HTTP_ADDR":                ":8080",
-	"SHUTDOWN_TIMEOUT":         "30s",
-	"STARTUP_TIMEOUT":          "15s",
-	"LOG_LEVEL":                "info",
-	"LOG_FORMAT":               "json",
-	"DEV_KAFKA_ADDR":           "127.0.0.1:9092",
+	"KAFKA_BROKERS":                  "127.0.0.1:9092",
+	"KAFKA_GROUP_ID":                 "inboxworker",
+	"KAFKA_SESSION_TIMEOUT":          "10s",
+	"KAFKA_SASL_MECHANISM":           "",
+	"KAFKA_USERNAME":                 "",
+	"KAFKA_PASSWORD":                 "",
+	"KAFKA_TLS":                      "false",
+	"DATABASE_URL":                   "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+	"TOPIC_PAYMENTS":                 "payments.callbacks",
+	"TOPIC_SMS":                      "notifications.sms",
+	"DLQ_SUFFIX":                     ".dlq",
+	"SMS_PROVIDER_URL":               "",
+	"SMS_PROVIDER_TOKEN":             "",
+	"RETRY_INITIAL_INTERVAL":         "200ms",
+	"RETRY_MAX_INTERVAL":             "30s",
+	"RETRY_MAX_ELAPSED":              "5m",
+	"RETRY_PARK_AFTER":               "5s", // not in the contract's table: the park's
+	"INBOX_RETENTION_PAYMENTS":       "",   // the topic's retention.ms + segment.ms + 1h, settled at start
+	"INBOX_RETENTION_SMS":            "",
+	"BATCH_SIZE":                     "256", // not in the contract's table: the throughput settings
+	"BATCH_WAIT":                     "5ms",
+	"LAG_INTERVAL":                   "5s", // how often consumer_lag is refreshed
+	"ORDERING":                       "key",
+	"MAX_IN_FLIGHT":                  "256",
+	"PAYMENTS_CONCURRENCY":           "4",
+	"SMS_CONCURRENCY":                "128",
+	"TOPIC_PAYMENT_EVENTS":           "payments.events",
+	"INBOX_RETENTION_PAYMENT_EVENTS": "",
+	"PAYMENT_EVENTS_CONCURRENCY":     "4",
+	"OUTBOX_RETENTION":               "24h",
+	"HTTP_ADDR":                      ":8080",
+	"SHUTDOWN_TIMEOUT":               "30s",
+	"STARTUP_TIMEOUT":                "15s",
+	"LOG_LEVEL":                      "info",
+	"LOG_FORMAT":                     "json",
+	"DEV_KAFKA_ADDR":                 "127.0.0.1:9092",
 }
 
 func TestDefaults(t *testing.T) {
@@ -222,9 +226,11 @@ func TestDefaults(t *testing.T) {
 		KafkaBrokers: []string{"127.0.0.1:9092"}, KafkaGroupID: "inboxworker", KafkaSessionTimeout: 10 * time.Second,
 		DatabaseURL: "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 		Routes: map[string]*routeSettings{
-			paymentsInbox: {Topic: "payments.callbacks", Concurrency: 4},
-			smsInbox:      {Topic: "notifications.sms", Concurrency: 128},
+			paymentsInbox:      {Topic: "payments.callbacks", Concurrency: 4},
+			smsInbox:           {Topic: "notifications.sms", Concurrency: 128},
+			paymentEventsInbox: {Topic: "payments.events", Concurrency: 4},
 		},
+		OutboxRetention:      24 * time.Hour,
 		DLQSuffix:            ".dlq",
 		RetryInitialInterval: 200 * time.Millisecond, RetryMaxInterval: 30 * time.Second, RetryMaxElapsed: 5 * time.Minute, RetryParkAfter: 5 * time.Second,
 		BatchSize: 256, BatchWait: 5 * time.Millisecond, LagInterval: 5 * time.Second,

@@ -34,12 +34,13 @@ func runDemo(ctx context.Context, a *app, cfg *Config, _ []string) error {
 		_ = cfg.override("LOG_FORMAT", "text") // the demo is watched by a person
 	}
 	logger := newLogger(cfg, a.stderr)
+	cfg.receipts = true
 
 	addr := "127.0.0.1:0"
 	if cfg.explicit("DEV_KAFKA_ADDR") {
 		addr = cfg.DevKafkaAddr
 	}
-	broker, err := devbroker.Start(ctx, addr, cfg.topics(), cfg.DLQSuffix, logger)
+	broker, err := devbroker.Start(ctx, addr, cfg.devTopics(), cfg.DLQSuffix, logger)
 	if err != nil {
 		return err
 	}
@@ -50,6 +51,7 @@ func runDemo(ctx context.Context, a *app, cfg *Config, _ []string) error {
 // playDemo runs the worker and the demo's scenario against the broker at brokerAddr, whose topics
 // exist, and prints the summary.
 func playDemo(ctx context.Context, a *app, cfg *Config, logger *slog.Logger, brokerAddr string) error {
+	cfg.receipts = true
 	// The address bound, for the worker and the startup line.
 	if err := cfg.override("KAFKA_BROKERS", brokerAddr); err != nil {
 		return err
@@ -83,7 +85,8 @@ func playDemo(ctx context.Context, a *app, cfg *Config, logger *slog.Logger, bro
 
 	fmt.Fprintf(a.stdout, "Demo: embedded Kafka broker on %s, Postgres schema %s (recreated).\n", brokerAddr, demo.Schema)
 	scenario := demo.Config{Broker: brokerAddr, Partitions: devbroker.Partitions, GroupID: cfg.KafkaGroupID,
-		TopicPayments: cfg.topic(paymentsInbox), TopicSMS: cfg.topic(smsInbox), DLQSuffix: cfg.DLQSuffix,
+		TopicPayments: cfg.topic(paymentsInbox), TopicSMS: cfg.topic(smsInbox),
+		TopicPaymentEvents: cfg.topic(paymentEventsInbox), EventsInbox: paymentEventsInbox, DLQSuffix: cfg.DLQSuffix,
 		PaymentsInbox: paymentsInbox, Pool: pool, Metrics: w.registry, Out: a.stdout}
 	outcomes, err := demo.Play(ctx, scenario)
 	stopWorker()

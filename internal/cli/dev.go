@@ -28,7 +28,8 @@ func dev(ctx context.Context, a *app, cfg *Config, _ []string) error {
 		_ = cfg.override("LOG_FORMAT", "text") // worker dev is watched by a person, as the demo is
 	}
 	logger := newLogger(cfg, a.stderr)
-	broker, err := devbroker.Start(ctx, cfg.DevKafkaAddr, cfg.topics(), cfg.DLQSuffix, logger)
+	cfg.receipts = true
+	broker, err := devbroker.Start(ctx, cfg.DevKafkaAddr, cfg.devTopics(), cfg.DLQSuffix, logger)
 	if err != nil {
 		return err
 	}

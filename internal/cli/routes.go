@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/envflag"
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/payment"
+	"github.com/inboxworker/inboxworker/internal/receipt"
 	"github.com/inboxworker/inboxworker/internal/startup"
 	"github.com/inboxworker/inboxworker/internal/tracing"
 )
@@ -31,6 +33,11 @@ type routeRow struct {
 	maxConcurrency int
 	// handler builds the route's handler: its Handler or its Call, of the route it returns.
 	handler func(cfg *Config, logger *slog.Logger, tracer *tracing.Tracer) (inboxworker.Route, error)
+	// optional: its topic may be "-", which turns the route off; and it is consumed only when its
+	// topic is set, or by worker dev and worker demo, which create it: a consumer group one of whose
+	// topics does not exist consumes none of them, so a default must not name a topic that may not
+	// exist yet.
+	optional bool
 }
 
 // bundledRoutes are the binary's routes.
@@ -38,8 +45,8 @@ var bundledRoutes = []routeRow{
 	{name: paymentsInbox, topic: "payments.callbacks", what: "payment callback",
 		concurrency: 4, maxConcurrency: 1000,
 		concurrencyHelp: "most payment transactions (batches) at once, across partitions; each holds a database connection",
-		handler: func(_ *Config, logger *slog.Logger, _ *tracing.Tracer) (inboxworker.Route, error) {
-			h, err := payment.NewHandler(payment.Config{Logger: logger})
+		handler: func(cfg *Config, logger *slog.Logger, _ *tracing.Tracer) (inboxworker.Route, error) {
+			h, err := payment.NewHandler(payment.Config{EventsTopic: cfg.topic(paymentEventsInbox), Logger: logger})
 			return inboxworker.Route{Handler: h}, err
 		}},
 	{name: smsInbox, topic: "notifications.sms", what: "SMS event",
@@ -53,12 +60,23 @@ var bundledRoutes = []routeRow{
 			h, err := notify.NewHandler(notify.Config{Sender: sender, Logger: logger})
 			return inboxworker.Route{Call: h}, err
 		}},
+	// The order events the payment route emits, also where the outbox relay publishes them
+	// (TOPIC_PAYMENT_EVENTS; "-": no events are emitted): an order paid asks for the customer's
+	// payment-received SMS, through the outbox, to the SMS route.
+	{name: paymentEventsInbox, topic: "payments.events", what: "order event", optional: true,
+		concurrency: 4, maxConcurrency: 1000,
+		concurrencyHelp: "most order-event transactions (batches) at once, across partitions",
+		handler: func(cfg *Config, logger *slog.Logger, _ *tracing.Tracer) (inboxworker.Route, error) {
+			h, err := receipt.NewHandler(receipt.Config{SMSTopic: cfg.topic(smsInbox), Logger: logger})
+			return inboxworker.Route{Handler: h}, err
+		}},
 }
 
 // The inbox names of the bundled routes, which the demo's summary reads.
 const (
-	paymentsInbox = "payments"
-	smsInbox      = "sms"
+	paymentsInbox      = "payments"
+	smsInbox           = "sms"
+	paymentEventsInbox = "payment_events"
 )
 
 // routeSettings are a route's settings, as its row derives them.
@@ -105,8 +123,14 @@ func (r routeRow) settings() []*setting {
 	flag := strings.ReplaceAll(r.name, "_", "-")
 	return []*setting{
 		{Env: "TOPIC_" + stem, Flag: "topic-" + flag, Default: r.topic, Meta: "TOPIC", Use: useTopics,
-			Usage: r.what + " topic",
-			Set:   func(c *Config, v string) error { return parseTopic(&c.route(r.name).Topic, v) }},
+			Usage: r.topicHelp(),
+			Set: func(c *Config, v string) error {
+				if r.optional && (v == "-" || v == "") {
+					c.route(r.name).Topic = ""
+					return nil
+				}
+				return parseTopic(&c.route(r.name).Topic, v)
+			}},
 		{Env: "INBOX_RETENTION_" + stem, Flag: "inbox-retention-" + flag, Meta: "DURATION", Use: useWorker,
 			Shown: settledFromTopic,
 			Usage: "how long a " + r.what + "'s idempotency key is remembered " +
@@ -121,11 +145,34 @@ func (r routeRow) settings() []*setting {
 	}
 }
 
+// topicHelp is the help of r's topic setting.
+func (r routeRow) topicHelp() string {
+	if r.optional {
+		return r.what + " topic (- turns the route off; consumed when set, and by worker dev and demo)"
+	}
+	return r.what + " topic"
+}
+
+// active are the routes the worker consumes: every route, but an optional one that is off, or
+// whose topic was not set outside worker dev and worker demo.
+func (c *Config) active() []routeRow {
+	var out []routeRow
+	for _, r := range c.routes {
+		if !r.optional || c.topic(r.name) != "" && (c.receipts || c.explicit("TOPIC_"+strings.ToUpper(r.name))) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // checkTopics checks the routes' topics and their dead-letter topics against one another: no two
 // routes on one topic, and no route consuming another's dead letters.
 func (c *Config) checkTopics(fail func(env, format string, args ...any) error) error {
 	for i, r := range c.routes {
 		t, env := c.topic(r.name), "TOPIC_"+strings.ToUpper(r.name)
+		if t == "" {
+			continue // an optional route, off
+		}
 		if n := len(t + c.DLQSuffix); n > startup.MaxTopicName {
 			return fail("DLQ_SUFFIX", "%s + DLQ_SUFFIX is %d characters, more than a topic name's %d",
 				env, n, startup.MaxTopicName)
@@ -145,20 +192,40 @@ func (c *Config) checkTopics(fail func(env, format string, args ...any) error) e
 	return nil
 }
 
-// topics are the routes' topics.
+// topics are the topics of the routes the worker consumes.
 func (c *Config) topics() []string {
-	out := make([]string, len(c.routes))
-	for i, r := range c.routes {
-		out[i] = c.topic(r.name)
+	var out []string
+	for _, r := range c.active() {
+		out = append(out, c.topic(r.name))
 	}
 	return out
+}
+
+// devTopics are the topics worker dev and worker demo create: those consumed and those emitted to.
+func (c *Config) devTopics() []string {
+	out := c.topics()
+	for _, t := range c.emittedTopics() {
+		if !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// emittedTopics are the topics the routes emit events to through the outbox: the order events', and
+// the SMS topic for the payment-received SMS; none while emission is off.
+func (c *Config) emittedTopics() []string {
+	if c.topic(paymentEventsInbox) == "" {
+		return nil
+	}
+	return []string{c.topic(paymentEventsInbox), c.topic(smsInbox)}
 }
 
 // workerRoutes are the routes as the worker takes them, their handlers built, tracing what they
 // call with tracer.
 func (c *Config) workerRoutes(logger *slog.Logger, tracer *tracing.Tracer) ([]inboxworker.Route, error) {
 	var out []inboxworker.Route
-	for _, r := range c.routes {
+	for _, r := range c.active() {
 		route, err := r.handler(c, logger, tracer)
 		if err != nil {
 			return nil, err

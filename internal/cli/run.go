@@ -17,6 +17,7 @@ import (
 
 	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/notify"
+	"github.com/inboxworker/inboxworker/internal/outbox"
 	"github.com/inboxworker/inboxworker/internal/redact"
 	"github.com/inboxworker/inboxworker/internal/startup"
 	"github.com/inboxworker/inboxworker/internal/tracing"
@@ -65,14 +66,17 @@ type workerOptions struct {
 // worker is the assembled process: a database pool, the routes behind the worker of package
 // inboxworker, the HTTP endpoints and the tracer.
 type worker struct {
-	cfg       *Config
-	logger    *slog.Logger
-	tracer    *tracing.Tracer
-	pool      *pgxpool.Pool
-	worker    *inboxworker.Worker
-	registry  *prometheus.Registry
-	anomalies *anomalyGauge
-	ops       *opsServer
+	cfg      *Config
+	logger   *slog.Logger
+	tracer   *tracing.Tracer
+	pool     *pgxpool.Pool
+	worker   *inboxworker.Worker
+	relay    *outbox.Relay
+	registry *prometheus.Registry
+	// outboxMetrics are the relay's, registered before it is built.
+	outboxMetrics *outbox.Metrics
+	anomalies     *anomalyGauge
+	ops           *opsServer
 	// stopBy is when SHUTDOWN_TIMEOUT runs out, once the worker is stopping; zero before.
 	stopBy time.Time
 }
@@ -127,15 +131,16 @@ func newWorker(ctx context.Context, cfg *Config, logger *slog.Logger, opts worke
 // checkKafka waits up to STARTUP_TIMEOUT for the brokers, warns about the routes' topics that do
 // not exist, and settles the routes' inbox retentions against their topics' (in cfg).
 func checkKafka(ctx context.Context, cfg *Config, logger *slog.Logger) error {
-	topics := make([]startup.Topic, len(cfg.routes))
-	for i, r := range cfg.routes {
+	active := cfg.active()
+	topics := make([]startup.Topic, len(active))
+	for i, r := range active {
 		topics[i] = startup.Topic{Name: cfg.topic(r.name), InboxRetention: cfg.route(r.name).Retention,
 			RetentionSetting: "INBOX_RETENTION_" + strings.ToUpper(r.name)}
 	}
 	if err := startup.CheckKafka(ctx, kafkaOf(cfg, logger), topics); err != nil {
 		return err
 	}
-	for i, r := range cfg.routes {
+	for i, r := range active {
 		cfg.route(r.name).Retention = topics[i].InboxRetention
 	}
 	return nil
@@ -189,6 +194,8 @@ func (w *worker) workerConfig(routes []inboxworker.Route, mechanism sasl.Mechani
 		BatchWait:       cfg.BatchWait,
 		ShutdownTimeout: drainTimeout(cfg.ShutdownTimeout),
 		LagInterval:     cfg.LagInterval,
+		EventTopics:     cfg.emittedTopics(),
+		OutboxRetention: cfg.OutboxRetention,
 		Registerer:      registerer,
 		Logger:          w.logger,
 	}

@@ -38,6 +38,14 @@ const Timeout = time.Minute
 // lateOrder is the order the demo creates only once the worker has retried its callback.
 const lateOrder = "DEMO-1005"
 
+// chainOrder is the order of the end-to-end chain: its callback (chainKey), delivered four times, pays it once,
+// emits one order.paid, and sends one payment-received SMS to receiptPhone.
+const (
+	chainOrder   = "DEMO-1001"
+	chainKey     = "pay-1001-a"
+	receiptPhone = "+8613700137001"
+)
+
 // Config is what the scenario plays against.
 type Config struct {
 	// Broker is the embedded broker's address. Required.
@@ -50,6 +58,11 @@ type Config struct {
 	TopicPayments string
 	TopicSMS      string
 	DLQSuffix     string
+	// TopicPaymentEvents is where the order events go, and the payment-received SMS come from;
+	// empty when they are off.
+	TopicPaymentEvents string
+	// EventsInbox is the inbox name of the order events' route.
+	EventsInbox string
 	// PaymentsInbox is the inbox name of the payment callbacks' route. Required.
 	PaymentsInbox string
 	// Pool is a pool on Schema, migrated. Required.
@@ -87,10 +100,7 @@ func Play(ctx context.Context, cfg Config) (Outcomes, error) {
 	}
 	fmt.Fprintf(out, "Order %s created after its callback arrived; the worker's retry applies it.\n", lateOrder)
 
-	err := poll(ctx, func() (bool, error) {
-		return caughtUp(ctx, client, cfg.GroupID, cfg.Partitions, []string{cfg.TopicPayments, cfg.TopicSMS})
-	})
-	if err != nil {
+	if err := poll(ctx, func() (bool, error) { return settled(ctx, client, cfg) }); err != nil {
 		return nil, fmt.Errorf("waiting for the worker to commit every message: %w", err)
 	}
 	return counterByLabels(reg, "inboxworker_messages_total", "topic", "outcome"), nil
@@ -106,6 +116,37 @@ func Report(ctx context.Context, cfg Config, outcomes Outcomes) error {
 	sum.outcomes = outcomes
 	sum.print(cfg)
 	return nil
+}
+
+// topics are the topics the demo reads: the consumed ones, the order events' among them.
+func (cfg Config) topics() []string {
+	if cfg.TopicPaymentEvents == "" {
+		return []string{cfg.TopicPayments, cfg.TopicSMS}
+	}
+	return []string{cfg.TopicPayments, cfg.TopicPaymentEvents, cfg.TopicSMS}
+}
+
+// settled reports whether the chain of the stream has come to its end: the outbox has nothing
+// waiting, the group has committed every message of every topic, and the outbox has nothing waiting
+// still, with no event emitted between the two looks (a message consumed between them may emit one,
+// which the relay then publishes).
+func settled(ctx context.Context, client *kafka.Client, cfg Config) (bool, error) {
+	before, waiting, err := outboxCounts(ctx, cfg.Pool)
+	if err != nil || waiting > 0 {
+		return false, err
+	}
+	if done, err := caughtUp(ctx, client, cfg.GroupID, cfg.Partitions, cfg.topics()); err != nil || !done {
+		return false, err
+	}
+	after, waiting, err := outboxCounts(ctx, cfg.Pool)
+	return err == nil && waiting == 0 && after == before, err
+}
+
+// outboxCounts returns how many events the outbox holds, and how many of them wait.
+func outboxCounts(ctx context.Context, pool *pgxpool.Pool) (total, waiting int, err error) {
+	err = pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE published_at IS NULL) FROM outbox`).
+		Scan(&total, &waiting)
+	return total, waiting, err
 }
 
 // localClient is a kafka-go client of the embedded broker. Call the returned function when done.
@@ -138,13 +179,13 @@ func generate(cfg Config) []demoMessage {
 		// The key travels in the body's event_id only: the worker falls back to it.
 		return demoMessage{topic: cfg.TopicSMS, key: phone, value: string(v)}
 	}
-	paid := pay("DEMO-1001", "pay-1001-a", "T-1001", "99.90", "SUCCESS")
+	paid := pay(chainOrder, chainKey, "T-1001", "99.90", "SUCCESS")
 	resendOf1002 := pay("DEMO-1002", "pay-1002-b", "T-1002", "45.00", "SUCCESS")
 	reused := pay("DEMO-1002", "pay-1002-a", "T-1002", "54.00", "SUCCESS")
 	code := sms("sms-1", "+8613800138000", "verify_code", map[string]string{"code": "123456"})
 	shipped := sms("sms-2", "+8613900139000", "order_shipped", map[string]string{"order_no": "DEMO-1001"})
 	return []demoMessage{
-		paid, paid, paid, // applied once, then two redeliveries
+		paid, paid, paid, paid, // applied once, then three redeliveries: one PAID, one event, one SMS
 		pay("DEMO-1002", "pay-1002-a", "T-1002", "45.00", "SUCCESS"),
 		resendOf1002, // the provider resends T-1002 under a new key: duplicate
 		reused,       // a known key with another payload: dead-lettered
@@ -173,12 +214,14 @@ func ResetSchema(ctx context.Context, pool *pgxpool.Pool) error {
 
 // CreateOrders creates the orders the stream pays, but the late one, in the migrated Schema.
 func CreateOrders(ctx context.Context, pool *pgxpool.Pool) error {
-	_, err := pool.Exec(ctx, `INSERT INTO orders (order_no, user_id, amount, currency, status) VALUES
-		('DEMO-1001', 'u-1', 99.90, 'CNY', 'PENDING'),
-		('DEMO-1002', 'u-2', 45.00, 'CNY', 'PENDING'),
-		('DEMO-1003', 'u-3', 20.00, 'CNY', 'CANCELLED'),
-		('DEMO-1004', 'u-4', 10.00, 'CNY', 'PENDING'),
-		('DEMO-1006', 'u-6', 15.50, 'CNY', 'PENDING')`)
+	// DEMO-1001's customer gets a payment-received SMS once it is paid; the other orders have no
+	// phone, and get none.
+	_, err := pool.Exec(ctx, `INSERT INTO orders (order_no, user_id, amount, currency, status, phone) VALUES
+		('DEMO-1001', 'u-1', 99.90, 'CNY', 'PENDING', '`+receiptPhone+`'),
+		('DEMO-1002', 'u-2', 45.00, 'CNY', 'PENDING', NULL),
+		('DEMO-1003', 'u-3', 20.00, 'CNY', 'CANCELLED', NULL),
+		('DEMO-1004', 'u-4', 10.00, 'CNY', 'PENDING', NULL),
+		('DEMO-1006', 'u-6', 15.50, 'CNY', 'PENDING', NULL)`)
 	if err != nil {
 		return fmt.Errorf("demo: create orders: %w", err)
 	}
@@ -343,7 +386,19 @@ func deadLetterReasons(ctx context.Context, client *kafka.Client, pool *pgxpool.
 	if err != nil {
 		return nil, err
 	}
-	for p, end := range ends[topic] {
+	err = records(ctx, client, ends[topic], topic, func(r kafka.Record) {
+		letter, _ := deadletter.Read(r.Headers)
+		reasons[cmp.Or(string(letter.Reason), "(no "+deadletter.HeaderReason+")")]++
+	})
+	if err != nil {
+		return nil, err
+	}
+	return reasons, nil
+}
+
+// records calls fn with every record of topic's partitions, up to their end offsets ends.
+func records(ctx context.Context, client *kafka.Client, ends map[int]int64, topic string, fn func(kafka.Record)) error {
+	for p, end := range ends {
 		for offset := int64(0); offset < end; {
 			resp, err := client.Fetch(ctx, &kafka.FetchRequest{Topic: topic, Partition: p, Offset: offset,
 				MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond})
@@ -351,7 +406,7 @@ func deadLetterReasons(ctx context.Context, client *kafka.Client, pool *pgxpool.
 				err = resp.Error
 			}
 			if err != nil {
-				return nil, fmt.Errorf("read %s/%d: %w", topic, p, err)
+				return fmt.Errorf("read %s/%d: %w", topic, p, err)
 			}
 			for {
 				r, err := resp.Records.ReadRecord()
@@ -359,15 +414,64 @@ func deadLetterReasons(ctx context.Context, client *kafka.Client, pool *pgxpool.
 					break
 				}
 				if err != nil {
-					return nil, fmt.Errorf("read %s/%d: %w", topic, p, err)
+					return fmt.Errorf("read %s/%d: %w", topic, p, err)
 				}
-				letter, _ := deadletter.Read(r.Headers)
-				reasons[cmp.Or(string(letter.Reason), "(no "+deadletter.HeaderReason+")")]++
+				fn(*r)
 				offset = r.Offset + 1
 			}
 		}
 	}
-	return reasons, nil
+	return nil
+}
+
+// chain is what became of the chain order's callback, end to end.
+type chain struct {
+	deliveries int    // of its callback, on the payments topic
+	status     string // of the order
+	events     int    // order.paid events of the order on the events topic
+	sms        int    // payment-received SMS sent to its customer
+}
+
+// readChain reads the chain order's story from the topics and the database.
+func readChain(ctx context.Context, client *kafka.Client, cfg Config) (chain, error) {
+	var c chain
+	ends, err := endOffsets(ctx, client, cfg.Partitions, []string{cfg.TopicPayments, cfg.TopicPaymentEvents})
+	if err != nil {
+		return c, err
+	}
+	err = records(ctx, client, ends[cfg.TopicPayments], cfg.TopicPayments, func(r kafka.Record) {
+		for _, h := range r.Headers {
+			if h.Key == "Idempotency-Key" && string(h.Value) == chainKey {
+				c.deliveries++
+			}
+		}
+	})
+	if err != nil {
+		return c, err
+	}
+	err = records(ctx, client, ends[cfg.TopicPaymentEvents], cfg.TopicPaymentEvents, func(r kafka.Record) {
+		var e payment.Event
+		if json.Unmarshal(readBytes(r.Value), &e) == nil && e.OrderNo == chainOrder && e.Type == payment.EventOrderPaid {
+			c.events++
+		}
+	})
+	if err != nil {
+		return c, err
+	}
+	err = cfg.Pool.QueryRow(ctx, `SELECT (SELECT status FROM orders WHERE order_no = $1),
+		(SELECT count(*) FROM notifications WHERE recipient = $2 AND template = 'payment_received' AND status = 'SENT')`,
+		chainOrder, receiptPhone).Scan(&c.status, &c.sms)
+	return c, err
+}
+
+// readBytes reads a record's key or value; nil reads as empty.
+func readBytes(b kafka.Bytes) []byte {
+	if b == nil {
+		return nil
+	}
+	defer b.Close()
+	out, _ := io.ReadAll(b)
+	return out
 }
 
 // summary is what the demo reports, read from the database and the dead-letter topics.
@@ -378,6 +482,7 @@ type summary struct {
 	anomalies    map[string]int            // by kind
 	smsSent      int
 	orders       [][2]string // order number, status
+	chain        chain
 	// outcomes are the consumer's own counts, by "topic/outcome", to check the summary against.
 	outcomes Outcomes
 }
@@ -397,7 +502,7 @@ func readSummary(ctx context.Context, cfg Config) (*summary, error) {
 	s := &summary{received: map[string]int{}, applied: map[string]int{}, deadLettered: map[string]map[string]int{},
 		anomalies: map[string]int{}}
 
-	ends, err := endOffsets(ctx, client, cfg.Partitions, []string{cfg.TopicPayments, cfg.TopicSMS})
+	ends, err := endOffsets(ctx, client, cfg.Partitions, cfg.topics())
 	if err != nil {
 		return nil, err
 	}
@@ -406,8 +511,19 @@ func readSummary(ctx context.Context, cfg Config) (*summary, error) {
 			s.received[t] += int(end)
 		}
 	}
-	for _, t := range []string{cfg.TopicPayments, cfg.TopicSMS} {
+	for _, t := range cfg.topics() {
 		if s.deadLettered[t], err = deadLetterReasons(ctx, client, pool, cfg.Partitions, t+cfg.DLQSuffix); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.TopicPaymentEvents != "" {
+		// An order event applied is an inbox row of the route that reads them.
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE handler = $1`, cfg.EventsInbox).Scan(&n); err != nil {
+			return nil, err
+		}
+		s.applied[cfg.TopicPaymentEvents] = n
+		if s.chain, err = readChain(ctx, client, cfg); err != nil {
 			return nil, err
 		}
 	}
@@ -457,12 +573,13 @@ func (s *summary) print(cfg Config) {
 	fmt.Fprintf(w, "\nSummary (from the database and the dead-letter topics):\n\n")
 	header := []string{"topic", "received", "applied", "duplicates skipped", "anomalies", "dead-lettered", "SMS sent"}
 	rows := [][]string{header}
-	for _, t := range []string{cfg.TopicPayments, cfg.TopicSMS} {
+	for _, t := range cfg.topics() {
 		dead := s.total(s.deadLettered[t])
 		anomalies, sent := "-", "-"
-		if t == cfg.TopicPayments {
+		switch t {
+		case cfg.TopicPayments:
 			anomalies = fmt.Sprint(s.total(s.anomalies))
-		} else {
+		case cfg.TopicSMS:
 			sent = fmt.Sprint(s.smsSent)
 		}
 		rows = append(rows, []string{t, fmt.Sprint(s.received[t]), fmt.Sprint(s.applied[t]),
@@ -470,11 +587,16 @@ func (s *summary) print(cfg Config) {
 	}
 	printTable(w, rows)
 	fmt.Fprintf(w, "\nAnomalies (refunds to review): %s\n", countList(s.anomalies))
-	for _, t := range []string{cfg.TopicPayments, cfg.TopicSMS} {
+	for _, t := range cfg.topics() {
 		fmt.Fprintf(w, "Dead letters in %s: %s\n", t+cfg.DLQSuffix, countList(s.deadLettered[t]))
 	}
+	if cfg.TopicPaymentEvents != "" {
+		c := s.chain
+		fmt.Fprintf(w, "End to end: %s's callback delivered %d times -> order %s, %d order.paid event on %s, "+
+			"%d payment_received SMS sent\n", chainOrder, c.deliveries, c.status, c.events, cfg.TopicPaymentEvents, c.sms)
+	}
 	var differ []string
-	for _, t := range []string{cfg.TopicPayments, cfg.TopicSMS} {
+	for _, t := range cfg.topics() {
 		dead := s.total(s.deadLettered[t])
 		want := map[string]int{"applied": s.applied[t], "duplicate": s.received[t] - s.applied[t] - dead,
 			"dead_lettered": dead}

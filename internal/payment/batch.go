@@ -131,11 +131,18 @@ func (h *Handler) payAll(ctx context.Context, tx pgx.Tx, ds []inboxworker.Delive
 	if err != nil {
 		return nil, candidates[0], classify(fmt.Errorf("payment: pay %d orders: %w", n, err))
 	}
+	done := make([]applied, 0, len(paidOrders))
 	for _, orderNo := range paidOrders {
 		i := byOrder[orderNo]
 		paid[i] = true
-		h.logAfterCommit(ctx, slog.LevelDebug, "payment callback applied", ds[i].Key, cbs[i],
-			slog.String("effect", effectPaid))
+		done = append(done, applied{key: ds[i].Key, cb: cbs[i], effect: effectPaid})
+	}
+	// The events of the orders paid, in one statement too.
+	if err := h.emit(ctx, tx, done); err != nil {
+		return nil, candidates[0], err
+	}
+	for _, a := range done {
+		h.logAfterCommit(ctx, slog.LevelDebug, "payment callback applied", a.key, a.cb, slog.String("effect", effectPaid))
 	}
 	return paid, 0, nil
 }

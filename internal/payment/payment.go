@@ -62,18 +62,22 @@ import (
 
 // Config configures a Handler.
 type Config struct {
+	// EventsTopic is where the order events (order.paid, payment.failed, payment.anomaly) are
+	// emitted, through the outbox, in the transaction of the callback. Empty: none is.
+	EventsTopic string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
 
 // Handler applies payment callbacks. It is safe for concurrent use.
 type Handler struct {
+	events string
 	logger *slog.Logger
 }
 
 // NewHandler returns a Handler.
 func NewHandler(config Config) (*Handler, error) {
-	return &Handler{logger: cmp.Or(config.Logger, slog.Default())}, nil
+	return &Handler{events: config.EventsTopic, logger: cmp.Or(config.Logger, slog.Default())}, nil
 }
 
 // UnknownOrder is the dead-letter reason of a callback whose order did not appear within the retry
@@ -121,14 +125,20 @@ func (h *Handler) apply(ctx context.Context, tx pgx.Tx, key string, cb Callback)
 	switch {
 	case errors.Is(err, inboxworker.ErrAlreadyApplied):
 		h.logAfterCommit(ctx, slog.LevelDebug, "payment callback already applied", key, cb)
+		return err
 	case err != nil:
 		return err
+	}
+	if err := h.emit(ctx, tx, []applied{{key: key, cb: cb, effect: done}}); err != nil {
+		return err
+	}
+	switch {
 	case done == AmountMismatch || done == DuplicatePayment || done == PaidAfterCancel:
 		h.logAfterCommit(ctx, slog.LevelWarn, "payment anomaly recorded", key, cb, slog.String("anomaly", done))
 	default:
 		h.logAfterCommit(ctx, slog.LevelDebug, "payment callback applied", key, cb, slog.String("effect", done))
 	}
-	return err
+	return nil
 }
 
 // logAfterCommit logs msg about the callback cb, whose idempotency key is key, once the transaction

@@ -1,0 +1,186 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxworker/inboxworker/internal/inbox"
+)
+
+// acquireSQL takes the lease: the first time, a new row; then the row of a holder whose lease has
+// expired, with the next epoch. It returns nothing while another holder's lease is live. now() is
+// the statement's transaction start, on the database's one clock for every instance.
+const acquireSQL = `
+INSERT INTO outbox_relay_lease AS l (name, holder, epoch, expires_at)
+VALUES ('relay', $1, 1, now() + $2 * interval '1 microsecond')
+ON CONFLICT (name) DO UPDATE
+SET holder = excluded.holder, epoch = l.epoch + 1, acquired_at = now(), renewed_at = now(),
+    expires_at = excluded.expires_at
+WHERE l.expires_at <= now()
+RETURNING epoch, coalesce((SELECT holder FROM outbox_relay_lease WHERE name = 'relay'), '')`
+
+// acquire takes the lease if no other relay holds a live one, and reports whether it did.
+func (r *Relay) acquire(ctx context.Context) (bool, error) {
+	start := time.Now()
+	var epoch int64
+	var previous string
+	err := r.config.Pool.QueryRow(ctx, acquireSQL, r.holder, r.config.LeaseTTL.Microseconds()).Scan(&epoch, &previous)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("outbox relay: take the lease: %w", inbox.Classify(err))
+	}
+	r.epoch, r.renewed = epoch, start
+	r.setHolding(true)
+	attrs := []any{slog.Int64("epoch", epoch), slog.String("holder", r.holder)}
+	if epoch > 1 {
+		attrs = append(attrs, slog.String("previous_holder", previous))
+	}
+	r.log.InfoContext(ctx, "outbox relay: took the lease; publishing", attrs...)
+	return true, nil
+}
+
+// renewSQL extends the lease of holder and epoch, if it is still theirs and live.
+const renewSQL = `
+UPDATE outbox_relay_lease SET renewed_at = now(), expires_at = now() + $3 * interval '1 microsecond'
+WHERE name = 'relay' AND holder = $1 AND epoch = $2 AND expires_at > now()`
+
+// fetchSQL reads the oldest waiting events, if holder's lease of epoch is live.
+const fetchSQL = `
+SELECT position, id::text, topic, aggregateid, payload::text, tracingspancontext
+FROM outbox
+WHERE published_at IS NULL
+  AND EXISTS (SELECT FROM outbox_relay_lease WHERE name = 'relay' AND holder = $1 AND epoch = $2 AND expires_at > now())
+ORDER BY position
+LIMIT $3`
+
+// row is an event as the relay reads it.
+type row struct {
+	position    int64
+	id          string
+	topic       string
+	aggregateID string
+	payload     []byte
+	trace       *string
+}
+
+// fetch reads the next batch, renewing the lease in the same round trip when a renewal is due. It
+// returns no batch, and gives the lease up, when the lease is found lost. The batch is cut to
+// maxBatchBytes; it is in position order, which for each aggregate is the order of its
+// transactions' commits.
+func (r *Relay) fetch(ctx context.Context) ([]row, error) {
+	start := time.Now()
+	b := &pgx.Batch{}
+	renewing := start.Sub(r.renewed) >= renewEvery(r.config.LeaseTTL)
+	if renewing {
+		b.Queue(renewSQL, r.holder, r.epoch, r.config.LeaseTTL.Microseconds())
+	}
+	b.Queue(fetchSQL, r.holder, r.epoch, r.config.BatchSize)
+	results := r.config.Pool.SendBatch(ctx, b)
+	defer results.Close()
+	if renewing {
+		tag, err := results.Exec()
+		if err != nil {
+			return nil, fmt.Errorf("outbox relay: renew the lease: %w", inbox.Classify(err))
+		}
+		if tag.RowsAffected() == 0 {
+			r.lost(ctx)
+			return nil, nil
+		}
+		r.renewed = start
+	}
+	rows, err := results.Query()
+	if err != nil {
+		return nil, fmt.Errorf("outbox relay: read events: %w", inbox.Classify(err))
+	}
+	var batch []row
+	size := 0
+	for rows.Next() {
+		var e row
+		if err := rows.Scan(&e.position, &e.id, &e.topic, &e.aggregateID, &e.payload, &e.trace); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("outbox relay: read events: %w", err)
+		}
+		if size += messageBytes(e); size > maxBatchBytes && len(batch) > 0 {
+			break // the rest in the next round, after these
+		}
+		batch = append(batch, e)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox relay: read events: %w", inbox.Classify(err))
+	}
+	return batch, nil
+}
+
+// lost gives up a lease another relay has taken, or that expired while this one could not renew it.
+func (r *Relay) lost(ctx context.Context) {
+	r.log.WarnContext(ctx, "outbox relay: lost the lease; standing by", slog.Int64("epoch", r.epoch),
+		slog.String("holder", r.holder))
+	r.epoch = 0
+	r.setHolding(false)
+}
+
+// markSQL marks published events.
+const markSQL = `UPDATE outbox SET published_at = now() WHERE position = ANY ($1) AND published_at IS NULL`
+
+// markUnmarked marks the events published and not yet marked. It runs even once ctx is done: a
+// published event left unmarked is published again.
+func (r *Relay) markUnmarked(ctx context.Context) error {
+	if len(r.unmarked) == 0 {
+		return nil
+	}
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+	defer cancel()
+	if _, err := r.config.Pool.Exec(mctx, markSQL, r.unmarked); err != nil {
+		return fmt.Errorf("outbox relay: mark %d events published: %w", len(r.unmarked), inbox.Classify(err))
+	}
+	r.unmarked = r.unmarked[:0]
+	return nil
+}
+
+// markTimeout bounds the marking and the release of the lease, which run even when the relay stops.
+const markTimeout = 5 * time.Second
+
+// releaseSQL ends the lease at once, if it is still this relay's.
+const releaseSQL = `UPDATE outbox_relay_lease SET expires_at = now() WHERE name = 'relay' AND holder = $1 AND epoch = $2`
+
+// release marks what was published and gives the lease up, so that another instance takes over at
+// once, not when it expires.
+func (r *Relay) release(ctx context.Context) {
+	if r.epoch == 0 {
+		return
+	}
+	if err := r.markUnmarked(ctx); err != nil {
+		r.log.WarnContext(ctx, "outbox relay: stopping with published events not marked; they will be published again",
+			slog.Any("error", err))
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+	defer cancel()
+	if _, err := r.config.Pool.Exec(rctx, releaseSQL, r.holder, r.epoch); err != nil {
+		r.log.WarnContext(ctx, "outbox relay: stopping without giving the lease up; another instance takes over when it expires",
+			slog.Any("error", err))
+	} else {
+		r.log.InfoContext(ctx, "outbox relay: gave the lease up", slog.Int64("epoch", r.epoch))
+	}
+	r.epoch = 0
+	r.setHolding(false)
+}
+
+// newHolder names a relay: the host and process, for an operator reading outbox_relay_lease, and a
+// random part that tells two relays of one process apart.
+func newHolder() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b))
+}

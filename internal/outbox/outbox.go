@@ -1,0 +1,266 @@
+// Package outbox is the transactional outbox: a handler emits events in the transaction of its
+// effect (Emit, EmitBatch), so that an event exists if and only if the effect committed, and the
+// relay (Relay) publishes them to Kafka afterwards, each aggregate's in the order their transactions
+// committed, at least once, a resend carrying the same id.
+//
+// An event's id is derived from what caused it (EventID: a UUIDv5 of its type and its cause, such as
+// a payment provider's transaction), never drawn at random: the same event emitted again — by a
+// batch rolled back and run again, by a redelivery whose inbox key has expired — has the same id,
+// and is not written twice. The relay sends the id as the Kafka header Idempotency-Key, so a
+// consumer downstream (inboxworker itself) applies each event once.
+//
+// The table has the shape of Debezium's outbox event router (id, aggregatetype, aggregateid, type,
+// payload, tracingspancontext), so that a Debezium connector can relay it instead of Relay.
+//
+// Commit order per aggregate comes from a counter row per aggregate (outbox_sequences), incremented
+// by the emitting statement: its row lock makes a second emitter of one aggregate wait until the
+// first commits or rolls back, so an aggregate's sequence numbers follow commit order and a row the
+// relay has not seen never lands below one it has published (see migrations/00011_outbox.sql).
+//
+// One relay publishes at a time across all the instances sharing the outbox, under a lease in
+// Postgres (holder, epoch, expires_at) that it renews while it runs and that another instance takes
+// over once it has expired. No Postgres connection is held while the relay waits on Kafka: it reads
+// a batch, lets the connection go, publishes, then marks the batch published.
+//
+// outbox knows Postgres and the Kafka producer, and nothing of the consumer or of handlers: it does
+// not decide which events a handler emits, nor route them by anything but the topic each names.
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/inboxworker/inboxworker/internal/inbox"
+)
+
+// Event is one event to publish.
+type Event struct {
+	// Topic is the Kafka topic it is published to. Required.
+	Topic string
+	// AggregateType names the kind of thing the event is about ("order"). Required.
+	AggregateType string
+	// AggregateID names the thing ("A-1001"); it is the Kafka message key. The events of one
+	// aggregate are published in the order their transactions committed. Required.
+	AggregateID string
+	// Type says what happened ("order.paid"). Required.
+	Type string
+	// Cause identifies what caused the event, unambiguously and the same every time it is emitted
+	// for that cause (a payment provider's transaction: provider and transaction id). The event's
+	// id is derived from Type and Cause (see EventID). Required.
+	Cause string
+	// Payload is the Kafka message value, encoded with encoding/json (a json.RawMessage or []byte
+	// is taken as it is, and must be valid JSON), at most MaxPayloadBytes. Required.
+	Payload any
+}
+
+// ID returns the event's id: EventID(e.Type, e.Cause).
+func (e Event) ID() string { return EventID(e.Type, e.Cause) }
+
+// MaxPayloadBytes bounds an event's encoded payload, well under Kafka's default limit of a message
+// (1 MiB), which the relay must never meet: a message Kafka refuses would hold back its aggregate's
+// later events for good.
+const MaxPayloadBytes = 512 << 10
+
+// maxNameLen bounds an event's aggregate type, aggregate id and type, in characters.
+const maxNameLen = 255
+
+// Namespace is the UUID namespace of event ids: the UUIDv5 of the URL
+// "https://github.com/inboxworker/inboxworker/outbox" in the URL namespace.
+var Namespace = uuid.NewSHA1(uuid.NameSpaceURL, []byte("https://github.com/inboxworker/inboxworker/outbox"))
+
+// EventID returns the id of the event of type eventType caused by cause: the UUIDv5 (RFC 9562) of
+// eventType, a NUL byte and cause in Namespace, in its text form. The same type and cause always
+// give the same id; a consumer can compute it too.
+func EventID(eventType, cause string) string {
+	return uuid.NewSHA1(Namespace, []byte(eventType+"\x00"+cause)).String()
+}
+
+// Emit writes e to the outbox through tx, the transaction of the handler's effect: the event is
+// published if and only if tx commits. An event whose id is already in the outbox (the same type and
+// cause, emitted before) is not written again. The trace context of ctx, if any, goes with the event
+// (the W3C traceparent, through OpenTelemetry's global propagator).
+//
+// Emit's errors are an invalid event's (a handler's bug) or Postgres's, which the inbox classifies
+// like any other of the transaction.
+func Emit(ctx context.Context, tx pgx.Tx, e Event) error {
+	return EmitBatch(ctx, tx, []Event{e})
+}
+
+// EmitBatch is Emit for several events, in one statement: for a batch handler, the events of its
+// whole batch. Events of one aggregate are ordered as they are in events.
+func EmitBatch(ctx context.Context, tx pgx.Tx, events []Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	rows, err := newRows(events, traceContext(ctx))
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, emitSQL, rows.ids, rows.topics, rows.aggregateTypes, rows.aggregateIDs,
+		rows.types, rows.payloads, rows.traces); err != nil {
+		return fmt.Errorf("outbox: emit %d events: %w", len(events), err)
+	}
+	inbox.AfterCommit(ctx, func(context.Context) { emitted.notify() })
+	return nil
+}
+
+// emitSQL writes a set of events, each aggregate's numbered after its last (see outbox_sequences in
+// migrations/00011_outbox.sql). The counters are taken in one order, so that two batches of the same
+// aggregates wait for each other rather than deadlock.
+const emitSQL = `
+WITH input AS (
+	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+		WITH ORDINALITY AS i(id, topic, aggregatetype, aggregateid, type, payload, tracingspancontext, ord)
+), counts AS (
+	SELECT aggregatetype, aggregateid, count(*) AS n FROM input GROUP BY aggregatetype, aggregateid
+), counters AS (
+	INSERT INTO outbox_sequences AS s (aggregatetype, aggregateid, last_seq)
+	SELECT aggregatetype, aggregateid, n FROM counts ORDER BY aggregatetype, aggregateid
+	ON CONFLICT (aggregatetype, aggregateid) DO UPDATE
+	SET last_seq = s.last_seq + excluded.last_seq, updated_at = now()
+	RETURNING aggregatetype, aggregateid, last_seq
+)
+INSERT INTO outbox (id, topic, aggregatetype, aggregateid, type, payload, tracingspancontext, seq)
+SELECT i.id, i.topic, i.aggregatetype, i.aggregateid, i.type, i.payload::json, i.tracingspancontext,
+	c.last_seq - n.n + row_number() OVER (PARTITION BY i.aggregatetype, i.aggregateid ORDER BY i.ord)
+FROM input i JOIN counts n USING (aggregatetype, aggregateid) JOIN counters c USING (aggregatetype, aggregateid)
+ORDER BY i.ord
+ON CONFLICT (id) DO NOTHING`
+
+// rows are events as the columns of emitSQL.
+type rows struct {
+	ids, topics, aggregateTypes, aggregateIDs, types, payloads []string
+	traces                                                     []*string
+}
+
+func newRows(events []Event, trace *string) (*rows, error) {
+	n := len(events)
+	r := &rows{ids: make([]string, n), topics: make([]string, n), aggregateTypes: make([]string, n),
+		aggregateIDs: make([]string, n), types: make([]string, n), payloads: make([]string, n),
+		traces: make([]*string, n)}
+	for i, e := range events {
+		payload, err := e.check()
+		if err != nil {
+			return nil, fmt.Errorf("outbox: event %d of %d: %w", i+1, n, err)
+		}
+		r.ids[i], r.topics[i], r.aggregateTypes[i], r.aggregateIDs[i] = e.ID(), e.Topic, e.AggregateType, e.AggregateID
+		r.types[i], r.payloads[i], r.traces[i] = e.Type, string(payload), trace
+	}
+	return r, nil
+}
+
+// check validates e and returns its encoded payload.
+func (e Event) check() ([]byte, error) {
+	for _, f := range []struct{ name, value string }{
+		{"Topic", e.Topic}, {"AggregateType", e.AggregateType}, {"AggregateID", e.AggregateID},
+		{"Type", e.Type}, {"Cause", e.Cause},
+	} {
+		switch {
+		case f.value == "":
+			return nil, fmt.Errorf("%s is required", f.name)
+		case !utf8.ValidString(f.value):
+			return nil, fmt.Errorf("%s is not valid UTF-8", f.name)
+		case f.name != "Cause" && strings.ContainsRune(f.value, 0):
+			return nil, fmt.Errorf("%s contains a NUL character", f.name)
+		case f.name != "Cause" && utf8.RuneCountInString(f.value) > maxNameLen:
+			return nil, fmt.Errorf("%s is longer than %d characters", f.name, maxNameLen)
+		}
+	}
+	payload, err := encodePayload(e.Payload)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("Payload: %w", err)
+	case len(payload) > MaxPayloadBytes:
+		return nil, fmt.Errorf("Payload is %d bytes, more than %d", len(payload), MaxPayloadBytes)
+	}
+	return payload, nil
+}
+
+func encodePayload(p any) ([]byte, error) {
+	var raw []byte
+	switch v := p.(type) {
+	case nil:
+		return nil, errors.New("required")
+	case json.RawMessage:
+		raw = v
+	case []byte:
+		raw = v
+	default:
+		return json.Marshal(v)
+	}
+	if !json.Valid(raw) {
+		return nil, errors.New("not valid JSON")
+	}
+	return raw, nil
+}
+
+// traceContext is the W3C trace context of ctx as tracingspancontext stores it — java.util.Properties
+// text, one "key=value" line per field (traceparent, and tracestate when there is one), which is
+// what Debezium's router reads — or nil when ctx carries none (or no propagator is set).
+func traceContext(ctx context.Context) *string {
+	carrier := propagation.MapCarrier{}
+	otel.GetTextMapPropagator().Inject(ctx, carrier)
+	parent := carrier.Get(traceparent)
+	if parent == "" {
+		return nil
+	}
+	text := traceparent + "=" + parent + "\n"
+	if state := carrier.Get(tracestate); state != "" {
+		text += tracestate + "=" + state + "\n"
+	}
+	return &text
+}
+
+// The W3C trace context's fields, as header names.
+const (
+	traceparent = "traceparent"
+	tracestate  = "tracestate"
+)
+
+// traceHeaders parses tracingspancontext back into its fields. Only the W3C fields are kept, and a
+// line that is not "key=value" is skipped.
+func traceHeaders(text string) [][2]string {
+	var out [][2]string
+	for line := range strings.Lines(text) {
+		key, value, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if ok && (key == traceparent || key == tracestate) && value != "" {
+			out = append(out, [2]string{key, value})
+		}
+	}
+	return out
+}
+
+// emitted tells the relays of this process that events have committed, so that the one holding the
+// lease publishes them at once rather than at its next poll.
+var emitted = newSignal()
+
+// signal is a broadcast: every wait started before a notify ends with it.
+type signal struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func newSignal() *signal { return &signal{ch: make(chan struct{})} }
+
+func (s *signal) wait() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ch
+}
+
+func (s *signal) notify() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	close(s.ch)
+	s.ch = make(chan struct{})
+}

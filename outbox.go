@@ -1,0 +1,33 @@
+package inboxworker
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxworker/inboxworker/internal/outbox"
+)
+
+// Event is an event a handler emits, to be published to Kafka once its transaction commits: the
+// transactional outbox. Topic, AggregateType, AggregateID (the Kafka key: the events of one
+// aggregate are published in the order their transactions committed), Type, Cause (what caused
+// it, the same each time it is emitted for that cause) and Payload (JSON) are required. Its id,
+// derived from Type and Cause (EventID), is its Idempotency-Key header, so that a consumer
+// downstream applies it once.
+type Event = outbox.Event
+
+// Emit writes e to the outbox through tx, the transaction of the handler's effect: the event is
+// published if and only if the effect commits, at least once, a resend carrying the same id. The
+// worker's relay (Config.EventTopics) publishes it, or Debezium's outbox event router may: the
+// table has its shape.
+func Emit(ctx context.Context, tx pgx.Tx, e Event) error { return outbox.Emit(ctx, tx, e) }
+
+// EmitBatch is Emit for several events, in one statement: for a BatchHandler, the events of its
+// batch.
+func EmitBatch(ctx context.Context, tx pgx.Tx, events []Event) error {
+	return outbox.EmitBatch(ctx, tx, events)
+}
+
+// EventID returns the id of the event of eventType caused by cause: a UUIDv5 (RFC 9562), the same
+// every time, so that an event emitted again for one cause is recognised downstream.
+func EventID(eventType, cause string) string { return outbox.EventID(eventType, cause) }
