@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
 	"sync"
 	"time"
 
@@ -28,7 +26,7 @@ func runWorker(transactions consumer.Transactions) mode {
 		if err != nil {
 			return result{}, err
 		}
-		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		log := e.cfg.workerLogger()
 		store, err := inbox.NewStore(e.pool, inbox.Config{Logger: log})
 		if err != nil {
 			return result{}, err
