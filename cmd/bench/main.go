@@ -56,6 +56,7 @@ func main() {
 	cfg.LogLevel = slog.LevelWarn
 	flag.TextVar(&cfg.LogLevel, "log-level", cfg.LogLevel,
 		"level of the worker's log, as JSON lines on stderr (info: a line per applied payment, as the worker logs by default)")
+	flag.BoolVar(&cfg.LogOutcomes, "log-outcomes", true, "the worker's LOG_OUTCOMES: false logs the line of each applied payment at debug")
 	flag.Parse()
 	cfg.MaxConns = int32(cmp.Or(*maxConns, max(4, cfg.Partitions+2)))
 	cfg.Modes = strings.Split(*modes, ",")

@@ -31,7 +31,7 @@ func runWorker(transactions consumer.Transactions) mode {
 		if err != nil {
 			return result{}, err
 		}
-		handler, err := payment.NewHandler(payment.Config{Logger: log})
+		handler, err := payment.NewHandler(payment.Config{Logger: log, AppliedLevel: e.cfg.appliedLevel()})
 		if err != nil {
 			return result{}, err
 		}

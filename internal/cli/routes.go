@@ -38,8 +38,8 @@ var bundledRoutes = []routeRow{
 	{name: paymentsInbox, topic: "payments.callbacks", what: "payment callback",
 		concurrency: 4, maxConcurrency: 1000,
 		concurrencyHelp: "most payment transactions (batches) at once, across partitions; each holds a database connection",
-		handler: func(_ *Config, logger *slog.Logger, _ *tracing.Tracer) (inboxworker.Route, error) {
-			h, err := payment.NewHandler(payment.Config{Logger: logger})
+		handler: func(cfg *Config, logger *slog.Logger, _ *tracing.Tracer) (inboxworker.Route, error) {
+			h, err := payment.NewHandler(payment.Config{Logger: logger, AppliedLevel: outcomeLevel(cfg)})
 			return inboxworker.Route{Handler: h}, err
 		}},
 	{name: smsInbox, topic: "notifications.sms", what: "SMS event",
@@ -53,6 +53,15 @@ var bundledRoutes = []routeRow{
 			h, err := notify.NewHandler(notify.Config{Sender: sender, Logger: logger})
 			return inboxworker.Route{Call: h}, err
 		}},
+}
+
+// outcomeLevel is the level of the line logged for each message applied: info, unless LOG_OUTCOMES
+// is false.
+func outcomeLevel(cfg *Config) slog.Level {
+	if cfg.LogOutcomes {
+		return slog.LevelInfo
+	}
+	return slog.LevelDebug
 }
 
 // The inbox names of the bundled routes, which the demo's summary reads.

@@ -134,7 +134,7 @@ func (h *Handler) payAll(ctx context.Context, tx pgx.Tx, ds []inboxworker.Delive
 	for _, orderNo := range paidOrders {
 		i := byOrder[orderNo]
 		paid[i] = true
-		h.logAfterCommit(ctx, slog.LevelDebug, "payment callback applied", ds[i].Key, cbs[i],
+		h.logAfterCommit(ctx, h.appliedLevel, "payment callback applied", ds[i].Key, cbs[i],
 			slog.String("effect", effectPaid))
 	}
 	return paid, 0, nil
