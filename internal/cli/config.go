@@ -107,7 +107,7 @@ var settings = []*setting{
 		Default: "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 		Usage:   "Postgres holding the inbox and the business tables",
 		Set:     func(c *Config, v string) error { return parseDatabaseURL(&c.DatabaseURL, v) }},
-	{Env: "DLQ_SUFFIX", Flag: "dlq-suffix", Default: ".dlq", Meta: "SUFFIX", Use: useTopics | useReplay | useParked,
+	{Env: "DLQ_SUFFIX", Flag: "dlq-suffix", Default: ".dlq", Meta: "SUFFIX", Use: useTopics | useReplay | useParked | useInspect,
 		Usage: "dead-letter topic = source topic + suffix",
 		Set:   func(c *Config, v string) error { return parseTopic(&c.DLQSuffix, v) }},
 	{Env: "SMS_PROVIDER_URL", Flag: "sms-provider-url", Meta: "URL", Shown: url, Use: useTopics,

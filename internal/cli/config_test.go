@@ -106,9 +106,9 @@ func TestConfigErrors(t *testing.T) {
 		{"ExtraArgument", nil, []string{"run", "now"},
 			`worker: unexpected argument "now" (see worker run --help)`},
 		{"NoCommand", nil, nil,
-			`worker: no command given (run, migrate, dev, demo, replay, parked); see worker --help`},
+			`worker: no command given (run, migrate, dev, demo, replay, parked, inspect); see worker --help`},
 		{"UnknownCommand", nil, []string{"serve"},
-			`worker: unknown command "serve" (run, migrate, dev, demo, replay, parked); see worker --help`},
+			`worker: unknown command "serve" (run, migrate, dev, demo, replay, parked, inspect); see worker --help`},
 		{"FlagBeforeCommand", nil, []string{"--kafka-brokers=x:1", "run"},
 			`worker: flags go after the command: worker CMD --kafka-brokers=x:1; see worker --help`},
 

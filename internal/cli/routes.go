@@ -8,6 +8,7 @@ import (
 
 	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/envflag"
+	"github.com/inboxworker/inboxworker/internal/inspect"
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/payment"
 	"github.com/inboxworker/inboxworker/internal/startup"
@@ -31,6 +32,9 @@ type routeRow struct {
 	maxConcurrency int
 	// handler builds the route's handler: its Handler or its Call, of the route it returns.
 	handler func(cfg *Config, logger *slog.Logger, tracer *tracing.Tracer) (inboxworker.Route, error)
+	// inspect says which business tables worker inspect reads for the route (zero: the inbox's
+	// own only).
+	inspect inspect.Kind
 }
 
 // bundledRoutes are the binary's routes.
@@ -38,6 +42,7 @@ var bundledRoutes = []routeRow{
 	{name: paymentsInbox, topic: "payments.callbacks", what: "payment callback",
 		concurrency: 4, maxConcurrency: 1000,
 		concurrencyHelp: "most payment transactions (batches) at once, across partitions; each holds a database connection",
+		inspect:         inspect.Payments,
 		handler: func(cfg *Config, logger *slog.Logger, _ *tracing.Tracer) (inboxworker.Route, error) {
 			h, err := payment.NewHandler(payment.Config{Logger: logger, AppliedLevel: outcomeLevel(cfg)})
 			return inboxworker.Route{Handler: h}, err
@@ -45,6 +50,7 @@ var bundledRoutes = []routeRow{
 	{name: smsInbox, topic: "notifications.sms", what: "SMS event",
 		concurrency: 128, maxConcurrency: 10000,
 		concurrencyHelp: "most SMS being sent at once, across partitions",
+		inspect:         inspect.SMS,
 		handler: func(cfg *Config, logger *slog.Logger, tracer *tracing.Tracer) (inboxworker.Route, error) {
 			sender, err := smsSender(cfg, logger, tracer)
 			if err != nil {
@@ -113,7 +119,7 @@ func (r routeRow) settings() []*setting {
 	stem := strings.ToUpper(r.name)
 	flag := strings.ReplaceAll(r.name, "_", "-")
 	return []*setting{
-		{Env: "TOPIC_" + stem, Flag: "topic-" + flag, Default: r.topic, Meta: "TOPIC", Use: useTopics,
+		{Env: "TOPIC_" + stem, Flag: "topic-" + flag, Default: r.topic, Meta: "TOPIC", Use: useTopics | useInspect,
 			Usage: r.what + " topic",
 			Set:   func(c *Config, v string) error { return parseTopic(&c.route(r.name).Topic, v) }},
 		{Env: "INBOX_RETENTION_" + stem, Flag: "inbox-retention-" + flag, Meta: "DURATION", Use: useWorker,
