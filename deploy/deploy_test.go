@@ -1,10 +1,14 @@
 package deploy_test
 
 import (
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -55,4 +59,106 @@ func read(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// selector is a metric of the worker in a PromQL expression, with its label matchers if any.
+var selector = regexp.MustCompile(`\b((?:inboxworker|go|process)_[a-zA-Z0-9_]+)\b(\{[^}]*\})?`)
+
+// jobMatcher is the dashboard's job variable, as every selector of its queries must carry it.
+const jobMatcher = `job=~"$job"`
+
+// dashboard is what the tests read of the Grafana dashboard.
+type dashboard struct {
+	Panels []struct {
+		ID      int    `json:"id"`
+		Title   string `json:"title"`
+		GridPos struct {
+			X, Y, W, H int
+		} `json:"gridPos"`
+		Targets []struct {
+			Expr string `json:"expr"`
+		} `json:"targets"`
+	} `json:"panels"`
+}
+
+// TestDashboard checks the dashboard's panels: each has a query, each query selects the job of the
+// $job variable on every metric it names, ids are unique and panels do not overlap; every metric
+// the alert rules name is on a panel, and so are the park, the paused routes and the stored dead
+// letters.
+func TestDashboard(t *testing.T) {
+	t.Parallel()
+	var d dashboard
+	if err := json.Unmarshal([]byte(read(t, deploy.Dashboard)), &d); err != nil {
+		t.Fatal(err)
+	}
+	shown := map[string]bool{}
+	ids := map[int]bool{}
+	for i, p := range d.Panels {
+		if ids[p.ID] {
+			t.Errorf("panel %q: id %d twice", p.Title, p.ID)
+		}
+		ids[p.ID] = true
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, target := range p.Targets {
+			found := selector.FindAllStringSubmatch(target.Expr, -1)
+			if len(found) == 0 {
+				t.Errorf("panel %q: %q names none of the worker's metrics", p.Title, target.Expr)
+			}
+			for _, m := range found {
+				shown[m[1]] = true
+				if !strings.Contains(m[2], jobMatcher) {
+					t.Errorf("panel %q: %s in %q does not select %s", p.Title, m[1], target.Expr, jobMatcher)
+				}
+			}
+		}
+		for _, q := range d.Panels[:i] {
+			a, b := p.GridPos, q.GridPos
+			if a.X < b.X+b.W && b.X < a.X+a.W && a.Y < b.Y+b.H && b.Y < a.Y+a.H {
+				t.Errorf("panels %q and %q overlap", p.Title, q.Title)
+			}
+		}
+	}
+	checkQueries(t, d)
+	want := []string{"inboxworker_parked_messages", "inboxworker_parked_oldest_seconds",
+		"inboxworker_route_paused", "inboxworker_dead_letters_stored_total"}
+	for _, m := range selector.FindAllStringSubmatch(read(t, deploy.AlertRules), -1) {
+		want = append(want, m[1])
+	}
+	slices.Sort(want)
+	for _, m := range slices.Compact(want) {
+		if !shown[m] {
+			t.Errorf("no panel of the dashboard shows %s", m)
+		}
+	}
+}
+
+// checkQueries parses every query of the dashboard with promtool, as recording rules of a rule
+// file of their own, $job standing for any job.
+func checkQueries(t *testing.T, d dashboard) {
+	t.Helper()
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Log("promtool is not installed: the dashboard's queries are not parsed")
+		return
+	}
+	var rules strings.Builder
+	rules.WriteString("groups:\n  - name: dashboard\n    rules:\n")
+	for _, p := range d.Panels {
+		for i, target := range p.Targets {
+			expr, err := json.Marshal(strings.ReplaceAll(target.Expr, "$job", ".*"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(&rules, "      - record: panel_%d_%d\n        expr: %s\n", p.ID, i, expr)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "dashboard.yml")
+	if err := os.WriteFile(file, []byte(rules.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "check", "rules", file).CombinedOutput(); err != nil {
+		t.Errorf("promtool check rules, the dashboard's queries: %v\n%s", err, out)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -38,6 +39,25 @@ type config struct {
 	ProviderLatency time.Duration
 	// CPUProfile, when set, is where to write a CPU profile of each mode (with the mode as suffix).
 	CPUProfile string
+	// LogLevel is the level of the worker's log, written as the worker writes it: JSON lines on
+	// stderr. At info, a line per applied payment, as the worker logs by default.
+	LogLevel slog.Level
+	// LogOutcomes is the worker's LOG_OUTCOMES: false logs the line of each applied payment at
+	// debug.
+	LogOutcomes bool
+}
+
+// appliedLevel is the level of the payment handler's line per applied callback, as the worker sets it.
+func (cfg config) appliedLevel() slog.Level {
+	if cfg.LogOutcomes {
+		return slog.LevelInfo
+	}
+	return slog.LevelDebug
+}
+
+// workerLogger is the log of the worker modes: JSON lines on stderr, from cfg.LogLevel up.
+func (cfg config) workerLogger() *slog.Logger {
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 }
 
 // result is what one mode measured.

@@ -24,6 +24,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -52,6 +53,10 @@ func main() {
 	flag.IntVar(&cfg.Phones, "phones", 2_000, "sms mode: events, each to its own phone")
 	flag.DurationVar(&cfg.ProviderLatency, "provider-latency", 100*time.Millisecond, "sms mode: how long the SMS provider takes to answer")
 	flag.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of the timed part of each mode to `file`.<mode>")
+	cfg.LogLevel = slog.LevelWarn
+	flag.TextVar(&cfg.LogLevel, "log-level", cfg.LogLevel,
+		"level of the worker's log, as JSON lines on stderr (info: a line per applied payment, as the worker logs by default)")
+	flag.BoolVar(&cfg.LogOutcomes, "log-outcomes", true, "the worker's LOG_OUTCOMES: false logs the line of each applied payment at debug")
 	flag.Parse()
 	cfg.MaxConns = int32(cmp.Or(*maxConns, max(4, cfg.Partitions+2)))
 	cfg.Modes = strings.Split(*modes, ",")

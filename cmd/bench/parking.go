@@ -23,7 +23,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -76,7 +75,7 @@ type benchWorker struct {
 
 // startWorker runs a consumer of e.topic with handler until stop is called.
 func startWorker(ctx context.Context, e *env, pool *pgxpool.Pool, route consumer.Route, retry consumer.Retry) (*benchWorker, error) {
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := e.cfg.workerLogger()
 	store, err := inbox.NewStore(pool, inbox.Config{Logger: log})
 	if err != nil {
 		return nil, err

@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"time"
 
@@ -61,7 +59,7 @@ func runSMS(ctx context.Context, e *env) (result, error) {
 		return result{}, err
 	}
 	defer provider.close()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := e.cfg.workerLogger()
 	store, err := inbox.NewStore(e.pool, inbox.Config{Logger: log})
 	if err != nil {
 		return result{}, err

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
 	"sync"
 	"time"
 
@@ -34,7 +32,7 @@ func runPayments(transactions consumer.Transactions, events bool) mode {
 		if err != nil {
 			return result{}, err
 		}
-		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		log := e.cfg.workerLogger()
 		store, err := inbox.NewStore(e.pool, inbox.Config{Logger: log})
 		if err != nil {
 			return result{}, err
@@ -43,7 +41,7 @@ func runPayments(transactions consumer.Transactions, events bool) mode {
 		if events {
 			eventsTopic = e.topic + ".events"
 		}
-		h, err := payment.NewHandler(payment.Config{EventsTopic: eventsTopic, Logger: log})
+		h, err := payment.NewHandler(payment.Config{EventsTopic: eventsTopic, Logger: log, AppliedLevel: e.cfg.appliedLevel()})
 		if err != nil {
 			return result{}, err
 		}

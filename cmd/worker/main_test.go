@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/inboxworker/inboxworker/internal/pgtest"
+	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
 // workerBin is the worker binary under test, built once by TestMain.
@@ -106,6 +107,12 @@ func (p *process) read(stderr io.Reader) {
 		p.t.Log("worker:", line)
 		var entry map[string]any
 		isLog := json.Unmarshal([]byte(line), &entry) == nil
+		if isLog {
+			// What a strict log ingester reads: no key twice in one object.
+			if err := testlog.Strict([]byte(line)); err != nil {
+				p.t.Errorf("the worker wrote a log line that strict log ingesters refuse: %v\n%s", err, line)
+			}
+		}
 		p.mu.Lock()
 		p.lines = append(p.lines, line)
 		if isLog {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/inboxworker/inboxworker/deploy"
 )
 
@@ -65,6 +67,12 @@ func TestMetricsLive(t *testing.T) {
 		}
 	}
 
+	// What this instance holds, one series per topic from the start (the group may have assigned
+	// the partitions already).
+	if n := len(families["inboxworker_assigned_partitions"].GetMetric()); n != 2 {
+		t.Errorf("inboxworker_assigned_partitions has %d series, want one per topic from the start", n)
+	}
+
 	names := deployedMetricNames(t)
 	t.Logf("metrics named by the alert rules and the dashboard: %v", names)
 	eventually(t, func() string {
@@ -93,7 +101,29 @@ func TestMetricsLive(t *testing.T) {
 	if len(lag) != 2*partitions {
 		t.Errorf("inboxworker_consumer_lag has %d series, want %d: %v", len(lag), 2*partitions, lag)
 	}
+	// The only member holds every partition, by its own count and by the group's description.
+	eventually(t, func() string {
+		families := scrape(t, base)
+		for _, m := range families["inboxworker_assigned_partitions"].GetMetric() {
+			if v := m.GetGauge().GetValue(); v != partitions {
+				return fmt.Sprintf("inboxworker_assigned_partitions%v = %v, want %d", m.GetLabel(), v, partitions)
+			}
+		}
+		owners := families["inboxworker_partition_owner"].GetMetric()
+		if len(owners) != 2*partitions {
+			return fmt.Sprintf("inboxworker_partition_owner has %d series, want %d", len(owners), 2*partitions)
+		}
+		for _, m := range owners {
+			if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool {
+				return l.GetName() == "client_id" && l.GetValue() == "inboxworker"
+			}) {
+				return fmt.Sprintf("inboxworker_partition_owner%v is not the worker's", m.GetLabel())
+			}
+		}
+		return ""
+	})
 
+	families = scrape(t, base)
 	// docs/operations.md describes every metric of the worker's own, and no other.
 	documented := documentedMetrics(t)
 	for name := range families {

@@ -14,22 +14,32 @@ import (
 // anomalyInterval is how often the payment anomaly gauge is read from Postgres.
 const anomalyInterval = 30 * time.Second
 
-// anomalyGauge is inboxworker_payment_anomalies{kind}: the rows of payment_anomalies, by kind, as
-// committed. Each row is money to refund or to chase, and an alert fires when the count grows. It is
-// read from the table, not counted as the handler records anomalies, so that it reports only what
-// committed (a batch that rolls back and runs again records its anomalies once) and agrees across
-// instances and restarts: every instance reports the same figure, queries take max by (kind).
-// Anomalies are rare, so a count(*) of the table every anomalyInterval is cheap.
+// anomalyGauge is inboxworker_payment_anomalies{kind}, the rows of payment_anomalies by kind as
+// committed, and inboxworker_payment_anomaly_latest_timestamp_seconds{kind}, when the newest of
+// them was recorded. Each row is money to refund or to chase. They are read from the table, not
+// counted as the handler records anomalies, so that they report only what committed (a batch that
+// rolls back and runs again records its anomalies once) and agree across instances and restarts:
+// every instance reports the same figures, queries take max by (kind). The alert reads the newest
+// row's time, which says "an anomaly in the last hour" from its first sample, with no history of
+// the count to compare against, and which a stopped worker's last samples still say. Anomalies
+// are rare, so a count(*) of the table every anomalyInterval is cheap.
 type anomalyGauge struct {
-	gauge *prometheus.GaugeVec
+	gauge  *prometheus.GaugeVec
+	latest *prometheus.GaugeVec
 }
 
 func newAnomalyGauge(reg prometheus.Registerer) *anomalyGauge {
-	g := &anomalyGauge{gauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "inboxworker_payment_anomalies",
-		Help: "Rows of payment_anomalies (payments to refund or chase), by kind, as committed; read every 30s.",
-	}, []string{"kind"})}
-	reg.MustRegister(g.gauge)
+	g := &anomalyGauge{
+		gauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inboxworker_payment_anomalies",
+			Help: "Rows of payment_anomalies (payments to refund or chase), by kind, as committed; read every 30s.",
+		}, []string{"kind"}),
+		latest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inboxworker_payment_anomaly_latest_timestamp_seconds",
+			Help: "When the newest row of payment_anomalies of the kind was recorded (Unix time), 0 when it has none; read every 30s.",
+		}, []string{"kind"}),
+	}
+	reg.MustRegister(g.gauge, g.latest)
 	return g
 }
 
@@ -58,7 +68,12 @@ func (g *anomalyGauge) refresh(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	for kind, n := range counts {
-		g.gauge.WithLabelValues(kind).Set(float64(n))
+		g.gauge.WithLabelValues(kind).Set(float64(n.Rows))
+		latest := 0.0
+		if !n.Latest.IsZero() {
+			latest = float64(n.Latest.UnixNano()) / 1e9
+		}
+		g.latest.WithLabelValues(kind).Set(latest)
 	}
 	return nil
 }

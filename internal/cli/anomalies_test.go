@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -11,7 +12,9 @@ import (
 )
 
 // TestAnomalyGauge checks that inboxworker_payment_anomalies reports the committed rows of
-// payment_anomalies by kind, every kind from the first refresh, and follows new rows.
+// payment_anomalies by kind, every kind from the first refresh, and follows new rows; and that
+// inboxworker_payment_anomaly_latest_timestamp_seconds says when the newest row of each kind was
+// recorded, 0 for a kind without one.
 func TestAnomalyGauge(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -42,4 +45,15 @@ func TestAnomalyGauge(t *testing.T) {
 		t.Fatal(err)
 	}
 	check(map[string]float64{"amount_mismatch": 1, "duplicate_payment": 0, "paid_after_cancel": 2})
+	var newest time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT max(created_at) FROM payment_anomalies`).Scan(&newest); err != nil {
+		t.Fatal(err)
+	}
+	for kind, want := range map[string]float64{"amount_mismatch": float64(newest.UnixNano()) / 1e9,
+		"paid_after_cancel": float64(newest.UnixNano()) / 1e9, "duplicate_payment": 0} {
+		got := testutil.ToFloat64(g.latest.WithLabelValues(kind))
+		if got != want {
+			t.Errorf("latest %s: %v, want %v", kind, got, want)
+		}
+	}
 }

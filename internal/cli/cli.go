@@ -3,16 +3,17 @@
 //
 // Commands: run (consume until SIGTERM/SIGINT), migrate (apply or list migrations), dev (an embedded
 // broker plus the worker), demo (dev plus a generated stream and a summary), replay (put dead
-// letters back on their original topic) and parked (the park, seen and handled by hand); each is declared in a file of its own. Every setting is
-// one entry of the table in config.go. Each route (topic, inbox name, retention, handler) is wired
-// once, in run.go. Configuration errors and unreachable dependencies end the process with exit
-// code 1 and one line naming the setting; secrets never reach the output.
+// letters back on their original topic), parked (the park, seen and handled by hand) and inspect
+// (what the database knows of one idempotency key); each is declared in a file of its own. Every
+// setting is one entry of the table in config.go. Each route (topic, inbox name, retention,
+// handler) is wired once, in run.go. Configuration errors and unreachable dependencies end the
+// process with exit code 1 and one line naming the setting; secrets never reach the output.
 //
 // cli holds no business logic and no protocol work: the order state machine, SMS sending, the
 // inbox and the Kafka runtime live in their own packages, and so do what the commands do beyond
-// wiring: waiting for the dependencies (startup), replaying dead letters (replay), the demo's
-// scenario (demo), the embedded broker (devbroker), reading settings (envflag) and masking secrets
-// (redact).
+// wiring: waiting for the dependencies (startup), replaying dead letters (replay), reading what the
+// database knows of a key (inspect), the demo's scenario (demo), the embedded broker (devbroker),
+// reading settings (envflag) and masking secrets (redact).
 package cli
 
 import (
@@ -76,7 +77,8 @@ type command struct {
 // commands returns the worker's commands, in the order --help lists them. Each call returns new
 // ones: a command's own flags are bound to values of that call.
 func commands() []*command {
-	return []*command{runCommand(), migrateCommand(), devCommand(), demoCommand(), replayCommand(), parkedCommand()}
+	return []*command{runCommand(), migrateCommand(), devCommand(), demoCommand(), replayCommand(), parkedCommand(),
+		inspectCommand()}
 }
 
 // commandNames lists the commands, for errors.

@@ -52,6 +52,8 @@ type Config struct {
 
 	LogLevel  slog.Level
 	LogFormat string // json or text
+	// LogOutcomes logs a line at info for each payment callback applied; false logs it at debug.
+	LogOutcomes bool
 
 	DevKafkaAddr string
 
@@ -111,7 +113,7 @@ var settings = []*setting{
 		Default: "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 		Usage:   "Postgres holding the inbox and the business tables",
 		Set:     func(c *Config, v string) error { return parseDatabaseURL(&c.DatabaseURL, v) }},
-	{Env: "DLQ_SUFFIX", Flag: "dlq-suffix", Default: ".dlq", Meta: "SUFFIX", Use: useTopics | useReplay | useParked,
+	{Env: "DLQ_SUFFIX", Flag: "dlq-suffix", Default: ".dlq", Meta: "SUFFIX", Use: useTopics | useReplay | useParked | useInspect,
 		Usage: "dead-letter topic = source topic + suffix",
 		Set:   func(c *Config, v string) error { return parseTopic(&c.DLQSuffix, v) }},
 	{Env: "SMS_PROVIDER_URL", Flag: "sms-provider-url", Meta: "URL", Shown: url, Use: useTopics,
@@ -195,6 +197,9 @@ var settings = []*setting{
 			}
 			return fmt.Errorf("invalid format %q (use json or text)", v)
 		}},
+	{Env: "LOG_OUTCOMES", Flag: "log-outcomes", Default: "true", Use: useTopics,
+		Usage: "log a line at info for each payment callback applied (false: at debug, for a worker applying more than its log should carry)",
+		Set:   func(c *Config, v string) error { return envflag.Bool(&c.LogOutcomes, v) }},
 	{Env: "DEV_KAFKA_ADDR", Flag: "dev-kafka-addr", Default: "127.0.0.1:9092", Meta: "ADDR", Use: useDev | useDemo,
 		Usage: "where the embedded broker of worker dev and worker demo listens",
 		Set:   func(c *Config, v string) error { return envflag.Addr(&c.DevKafkaAddr, v) }},

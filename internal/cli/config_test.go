@@ -95,6 +95,8 @@ func TestConfigErrors(t *testing.T) {
 			`worker: LOG_LEVEL: invalid level "loud" (use debug, info, warn or error)`},
 		{"BadLogFormat", map[string]string{"LOG_FORMAT": "xml"}, []string{"dev"},
 			`worker: LOG_FORMAT: invalid format "xml" (use json or text)`},
+		{"BadLogOutcomes", map[string]string{"LOG_OUTCOMES": "some"}, []string{"run"},
+			`worker: LOG_OUTCOMES: invalid boolean "some" (use true or false)`},
 		{"BadHTTPAddr", map[string]string{"HTTP_ADDR": "8080"}, []string{"run"},
 			`worker: HTTP_ADDR: invalid address "8080" (use host:port)`},
 		{"BadDevAddr", map[string]string{"DEV_KAFKA_ADDR": "127.0.0.1:99999"}, []string{"dev"},
@@ -104,9 +106,9 @@ func TestConfigErrors(t *testing.T) {
 		{"ExtraArgument", nil, []string{"run", "now"},
 			`worker: unexpected argument "now" (see worker run --help)`},
 		{"NoCommand", nil, nil,
-			`worker: no command given (run, migrate, dev, demo, replay, parked); see worker --help`},
+			`worker: no command given (run, migrate, dev, demo, replay, parked, inspect); see worker --help`},
 		{"UnknownCommand", nil, []string{"serve"},
-			`worker: unknown command "serve" (run, migrate, dev, demo, replay, parked); see worker --help`},
+			`worker: unknown command "serve" (run, migrate, dev, demo, replay, parked, inspect); see worker --help`},
 		{"FlagBeforeCommand", nil, []string{"--kafka-brokers=x:1", "run"},
 			`worker: flags go after the command: worker CMD --kafka-brokers=x:1; see worker --help`},
 
@@ -205,6 +207,7 @@ var contractDefaults = map[string]string{
 	"LOG_LEVEL":                      "info",
 	"LOG_FORMAT":                     "json",
 	"DEV_KAFKA_ADDR":                 "127.0.0.1:9092",
+	"LOG_OUTCOMES":                   "true", // not in the contract's table: a line per applied payment
 }
 
 func TestDefaults(t *testing.T) {
@@ -236,7 +239,7 @@ func TestDefaults(t *testing.T) {
 		BatchSize: 256, BatchWait: 5 * time.Millisecond, LagInterval: 5 * time.Second,
 		Ordering: "key", MaxInFlight: 256,
 		HTTPAddr: ":8080", ShutdownTimeout: 30 * time.Second, StartupTimeout: 15 * time.Second,
-		LogLevel: slog.LevelInfo, LogFormat: "json", DevKafkaAddr: "127.0.0.1:9092",
+		LogLevel: slog.LevelInfo, LogFormat: "json", LogOutcomes: true, DevKafkaAddr: "127.0.0.1:9092",
 	}
 	for name, r := range want.Routes {
 		if got := *cfg.route(name); got != *r {

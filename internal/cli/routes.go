@@ -9,6 +9,7 @@ import (
 
 	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/envflag"
+	"github.com/inboxworker/inboxworker/internal/inspect"
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/payment"
 	"github.com/inboxworker/inboxworker/internal/receipt"
@@ -38,6 +39,9 @@ type routeRow struct {
 	// topics does not exist consumes none of them, so a default must not name a topic that may not
 	// exist yet.
 	optional bool
+	// inspect says which business tables worker inspect reads for the route (zero: the inbox's
+	// own only).
+	inspect inspect.Kind
 }
 
 // bundledRoutes are the binary's routes.
@@ -45,13 +49,16 @@ var bundledRoutes = []routeRow{
 	{name: paymentsInbox, topic: "payments.callbacks", what: "payment callback",
 		concurrency: 4, maxConcurrency: 1000,
 		concurrencyHelp: "most payment transactions (batches) at once, across partitions; each holds a database connection",
+		inspect:         inspect.Payments,
 		handler: func(cfg *Config, logger *slog.Logger, _ *tracing.Tracer) (inboxworker.Route, error) {
-			h, err := payment.NewHandler(payment.Config{EventsTopic: cfg.topic(paymentEventsInbox), Logger: logger})
+			h, err := payment.NewHandler(payment.Config{EventsTopic: cfg.topic(paymentEventsInbox), Logger: logger,
+				AppliedLevel: outcomeLevel(cfg)})
 			return inboxworker.Route{Handler: h}, err
 		}},
 	{name: smsInbox, topic: "notifications.sms", what: "SMS event",
 		concurrency: 128, maxConcurrency: 10000,
 		concurrencyHelp: "most SMS being sent at once, across partitions",
+		inspect:         inspect.SMS,
 		handler: func(cfg *Config, logger *slog.Logger, tracer *tracing.Tracer) (inboxworker.Route, error) {
 			sender, err := smsSender(cfg, logger, tracer)
 			if err != nil {
@@ -70,6 +77,15 @@ var bundledRoutes = []routeRow{
 			h, err := receipt.NewHandler(receipt.Config{SMSTopic: cfg.topic(smsInbox), Logger: logger})
 			return inboxworker.Route{Handler: h}, err
 		}},
+}
+
+// outcomeLevel is the level of the line logged for each message applied: info, unless LOG_OUTCOMES
+// is false.
+func outcomeLevel(cfg *Config) slog.Level {
+	if cfg.LogOutcomes {
+		return slog.LevelInfo
+	}
+	return slog.LevelDebug
 }
 
 // The inbox names of the bundled routes, which the demo's summary reads.
@@ -122,7 +138,7 @@ func (r routeRow) settings() []*setting {
 	stem := strings.ToUpper(r.name)
 	flag := strings.ReplaceAll(r.name, "_", "-")
 	return []*setting{
-		{Env: "TOPIC_" + stem, Flag: "topic-" + flag, Default: r.topic, Meta: "TOPIC", Use: useTopics,
+		{Env: "TOPIC_" + stem, Flag: "topic-" + flag, Default: r.topic, Meta: "TOPIC", Use: useTopics | useInspect,
 			Usage: r.topicHelp(),
 			Set: func(c *Config, v string) error {
 				if r.optional && (v == "-" || v == "") {

@@ -25,13 +25,14 @@ const (
 	useDemo
 	useReplay
 	useParked
+	useInspect
 
 	// useWorker are the commands that run the consumer: its tuning applies to them.
 	useWorker = useRun | useDev
 	// useBrokers are the commands that reach the brokers of KAFKA_BROKERS, not an embedded one.
 	useBrokers = useRun | useReplay | useParked
 	// useDatabase are the commands that reach DATABASE_URL: all of them.
-	useDatabase = useRun | useMigrate | useDev | useDemo | useReplay | useParked
+	useDatabase = useRun | useMigrate | useDev | useDemo | useReplay | useParked | useInspect
 	// useTopics are the commands that know the consumed topics.
 	useTopics = useWorker | useDemo
 	// useTracing are the commands that trace their work when OpenTelemetry's OTEL_* variables say

@@ -450,11 +450,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 			continue
 		}
 		c.ready.Store(true)
-		attrs := []any{"generation", gen.ID, "member", gen.MemberID, "assignments", assignmentsAttr(gen)}
+		assigned := assignmentsAttr(gen)
+		c.metrics.assigned(c.topics(), assigned)
+		attrs := []any{"generation", gen.ID, "member", gen.MemberID, "assignments", assigned}
 		if t := ended.Load(); t != 0 {
 			attrs = append(attrs, "rebalance", time.Since(time.Unix(0, t)).Round(time.Millisecond))
 		}
 		c.log.InfoContext(ctx, "joined a generation of the consumer group", attrs...)
+		if len(assigned) == 0 { // says why, if it lasts (lag.go)
+			gen.Start(func(genCtx context.Context) { c.lag.warnIdle(genCtx, gen.MemberID) })
+		}
 		c.startGeneration(ctx, hard, gen, &partitions, func() { ended.Store(time.Now().UnixNano()) })
 	}
 

@@ -4,9 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol/describegroups"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // lagReporter keeps, for every partition of the consumed topics, the consumer_lag gauge (the
@@ -15,10 +21,15 @@ import (
 // held by a member that does not consume it (a hung process that still heartbeats) is the one an
 // operator most needs to see, and no owner would report it.
 //
-// Every instance reports the same group-level figures: three small requests per LagInterval
-// (metadata, the group's committed offsets, the end offsets), whatever the number of instances, and
-// no election to lose or to get wrong during the very rebalances and hangs the gauges are for.
-// Queries aggregate with max by (topic, partition).
+// Every instance reports the same group-level figures: four small requests per LagInterval
+// (metadata, the group's committed offsets, the end offsets, the group's description), whatever the
+// number of instances, and no election to lose or to get wrong during the very rebalances and hangs
+// the gauges are for. Queries aggregate with max by (topic, partition).
+//
+// The group's description (DescribeGroups) names the member holding each partition: the
+// partition_owner gauge, with its member id, client id and host, which the stall alert quotes, so
+// that a partition held by a hung process or by another application's consumer is found at once.
+// It also tells a member that holds no partition why (warnIdle).
 //
 // Stalled follows Burrow's evaluation rules without their window: a partition is fine as long as
 // its committed offset moves or its lag is 0 (Burrow: any zero lag in the window is OK); it stalls
@@ -31,8 +42,10 @@ type lagReporter struct {
 	c      *Consumer
 	client *kafka.Client
 
-	// seen is what the last refreshes saw of each partition. Only run's goroutine touches it.
-	seen map[topicPartition]*progress
+	// seen is what the last refreshes saw of each partition, and owners who held each partition,
+	// by the group's last description. Only run's goroutine touches them.
+	seen   map[topicPartition]*progress
+	owners map[topicPartition]owner
 }
 
 type topicPartition struct {
@@ -99,7 +112,23 @@ func (l *lagReporter) refresh(ctx context.Context, now time.Time) error {
 			return fmt.Errorf("list offsets: %w", err)
 		}
 	}
+	present := l.setLag(offsets, committed, now)
+	for tp := range l.seen {
+		if !present[tp] && !listed(partitions, tp) {
+			delete(l.seen, tp)
+			l.c.metrics.deleteLag(tp.topic, tp.partition)
+		}
+	}
+	group, err := l.describe(ctx)
+	if err != nil {
+		return err
+	}
+	l.setOwners(group)
+	return nil
+}
 
+// setLag sets the lag and stall gauges of every partition offsets lists, and returns them.
+func (l *lagReporter) setLag(offsets *kafka.ListOffsetsResponse, committed map[topicPartition]int64, now time.Time) map[topicPartition]bool {
 	present := make(map[topicPartition]bool)
 	for topic, pos := range offsets.Topics {
 		for _, po := range pos {
@@ -128,13 +157,7 @@ func (l *lagReporter) refresh(ctx context.Context, now time.Time) error {
 			l.c.metrics.setLag(topic, po.Partition, lag, now.Sub(pr.since))
 		}
 	}
-	for tp := range l.seen {
-		if !present[tp] && !listed(partitions, tp) {
-			delete(l.seen, tp)
-			l.c.metrics.deleteLag(tp.topic, tp.partition)
-		}
-	}
-	return nil
+	return present
 }
 
 // committed returns the group's committed offsets of partitions; a partition without one is absent.
@@ -169,4 +192,179 @@ func listed(partitions map[string][]int, tp topicPartition) bool {
 		}
 	}
 	return false
+}
+
+// groupMember is a member of the consumer group as the group's description tells it.
+type groupMember struct {
+	ID, ClientID, Host string
+	// Topics are the topics it subscribed to, as its metadata says; nil when the metadata is in a
+	// format of the consumer protocol this worker cannot read.
+	Topics []string
+	// Assigned are the partitions the group's leader gave it, by topic.
+	Assigned map[string][]int32
+}
+
+// groupDescription is what a DescribeGroups of the consumer group says of it.
+type groupDescription struct {
+	State   string // Stable, PreparingRebalance, CompletingRebalance, Empty, Dead
+	Members []groupMember
+}
+
+// describe asks the group's coordinator for the group's description: one request. The members'
+// metadata and assignments are decoded with franz-go's kmsg, which reads every version of the
+// consumer protocol (kafka-go's DescribeGroups refuses the whole group when one member's metadata
+// is of a version it does not know, as that of a newer Java or franz-go client is).
+func (l *lagReporter) describe(ctx context.Context) (groupDescription, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.client.Timeout)
+	defer cancel()
+	msg, err := l.c.transport.RoundTrip(ctx, l.client.Addr, &describegroups.Request{Groups: []string{l.c.config.GroupID}})
+	if err != nil {
+		return groupDescription{}, fmt.Errorf("describe the group: %w", err)
+	}
+	resp, ok := msg.(*describegroups.Response)
+	if !ok || len(resp.Groups) != 1 {
+		return groupDescription{}, fmt.Errorf("describe the group: unexpected answer %T", msg)
+	}
+	g := resp.Groups[0]
+	if g.ErrorCode != 0 {
+		return groupDescription{}, fmt.Errorf("describe the group: %w", kafka.Error(g.ErrorCode))
+	}
+	d := groupDescription{State: g.GroupState}
+	for _, m := range g.Members {
+		member := groupMember{ID: m.MemberID, ClientID: m.ClientID, Host: m.ClientHost, Assigned: map[string][]int32{}}
+		var meta kmsg.ConsumerMemberMetadata
+		if len(m.MemberMetadata) > 0 && meta.ReadFrom(m.MemberMetadata) == nil {
+			member.Topics = meta.Topics
+		}
+		var assignment kmsg.ConsumerMemberAssignment
+		if len(m.MemberAssignment) > 0 && assignment.ReadFrom(m.MemberAssignment) == nil {
+			for _, t := range assignment.Topics {
+				member.Assigned[t.Topic] = t.Partitions
+			}
+		}
+		d.Members = append(d.Members, member)
+	}
+	return d, nil
+}
+
+// owner is who holds a partition: the labels of its inboxworker_partition_owner series.
+type owner struct {
+	memberID, clientID, host string
+}
+
+// setOwners sets the partition_owner gauge from the group's description: a series at 1 for each
+// partition of the consumed topics that a member holds, naming it. While the group is not stable
+// the coordinator does not say who holds what, and no partition has an owner series.
+func (l *lagReporter) setOwners(g groupDescription) {
+	now := make(map[topicPartition]owner)
+	if g.State == "Stable" {
+		consumed := make(map[string]bool)
+		for _, t := range l.c.topics() {
+			consumed[t] = true
+		}
+		for _, m := range g.Members {
+			for topic, ps := range m.Assigned {
+				for _, p := range ps {
+					if consumed[topic] {
+						now[topicPartition{topic, int(p)}] = owner{m.ID, m.ClientID, m.Host}
+					}
+				}
+			}
+		}
+	}
+	for tp, o := range l.owners {
+		if now[tp] != o {
+			l.c.metrics.deleteOwner(tp.topic, tp.partition, o)
+		}
+	}
+	for tp, o := range now {
+		l.c.metrics.setOwner(tp.topic, tp.partition, o)
+	}
+	l.owners = now
+}
+
+// Why a member holds no partition, as idleMembers tells from the group's description.
+const (
+	// idleAssignedNone: the leader assigned it nothing, though partitions are free or held by
+	// workers (a leader that cannot read its metadata, a rebalance that went wrong).
+	idleAssignedNone = iota
+	// idleForeign: members of another client hold the partitions.
+	idleForeign
+	// idleTooMany: the group has more members than partitions, all held by workers.
+	idleTooMany
+)
+
+// idleMembers tells why member holds no partition of topics, from the group's description d, and
+// returns the group's members as log attributes.
+func idleMembers(d groupDescription, member, clientID string, topics []string) (int, []any) {
+	consumed := make(map[string]bool)
+	for _, t := range topics {
+		consumed[t] = true
+	}
+	var foreign []string
+	held, holders := 0, 0
+	var members []any
+	for _, m := range d.Members {
+		n := 0
+		var parts []string
+		for topic, ps := range m.Assigned {
+			if consumed[topic] {
+				n += len(ps)
+				parts = append(parts, fmt.Sprintf("%s%v", topic, ps))
+			}
+		}
+		held += n
+		if n > 0 {
+			holders++
+		}
+		if n > 0 && m.ClientID != clientID {
+			foreign = append(foreign, m.ClientID)
+		}
+		slices.Sort(parts)
+		members = append(members, slog.Group("member_"+strconv.Itoa(len(members)), "member_id", m.ID,
+			"client_id", m.ClientID, "host", m.Host, "this", m.ID == member, "partitions", strings.Join(parts, " ")))
+	}
+	attrs := append([]any{"group_state", d.State, "members", len(d.Members), "partitions_held", held}, members...)
+	switch {
+	case len(foreign) > 0:
+		slices.Sort(foreign)
+		return idleForeign, append(attrs, "foreign_client_ids", strings.Join(slices.Compact(foreign), ","))
+	case holders > 0 && len(d.Members) > held:
+		return idleTooMany, attrs
+	}
+	return idleAssignedNone, attrs
+}
+
+// warnIdle runs in a generation that gave member no partition: if the generation still runs a
+// session timeout later (a rebalance would have ended it by then), it describes the group and
+// logs why the member holds none, with the group's members. It returns once the generation ends,
+// as kafka-go ends a generation when a function it started returns.
+func (l *lagReporter) warnIdle(genCtx context.Context, member string) {
+	defer func() { <-genCtx.Done() }()
+	t := time.NewTimer(l.c.config.SessionTimeout)
+	defer t.Stop()
+	select {
+	case <-genCtx.Done():
+		return
+	case <-t.C:
+	}
+	d, err := l.describe(genCtx)
+	switch {
+	case genCtx.Err() != nil:
+		return // rebalanced meanwhile
+	case err != nil:
+		l.c.log.WarnContext(genCtx, "holding no partitions, and cannot describe the group to say why",
+			"member", member, "error", err)
+		return
+	}
+	why, attrs := idleMembers(d, member, l.c.config.ClientID, l.c.topics())
+	attrs = append([]any{"member", member}, attrs...)
+	switch why {
+	case idleForeign:
+		l.c.log.WarnContext(genCtx, "holding no partitions: members of another client hold them", attrs...)
+	case idleTooMany:
+		l.c.log.InfoContext(genCtx, "holding no partitions: the group has more members than the topics have partitions", attrs...)
+	default:
+		l.c.log.WarnContext(genCtx, "holding no partitions: the group's leader assigned this member none", attrs...)
+	}
 }

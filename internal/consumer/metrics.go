@@ -24,6 +24,9 @@ type Metrics struct {
 	Oldest *prometheus.GaugeVec   // inboxworker_parked_oldest_seconds{topic}
 	Paused *prometheus.GaugeVec   // inboxworker_route_paused{topic,reason}
 	Pauses *prometheus.CounterVec // inboxworker_route_pauses_total{topic,reason}
+	// Who holds what in the group (see lag.go).
+	Owner    *prometheus.GaugeVec // inboxworker_partition_owner{topic,partition,member_id,client_id,host}
+	Assigned *prometheus.GaugeVec // inboxworker_assigned_partitions{topic}
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -70,9 +73,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "inboxworker_route_pauses_total",
 			Help: "Times the topic's route was paused, by reason (outage, retry_after).",
 		}, []string{"topic", "reason"}),
+		Owner: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inboxworker_partition_owner",
+			Help: "1 for the member of the group holding the partition, as the group's description says (refreshed with the lag); no series while the group rebalances.",
+		}, []string{"topic", "partition", "member_id", "client_id", "host"}),
+		Assigned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inboxworker_assigned_partitions",
+			Help: "Partitions of the topic this instance holds in its current generation of the group; 0 before it joins.",
+		}, []string{"topic"}),
 	}
 	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag, m.Stalled, m.DeadLettersStored,
-		m.Parked, m.Oldest, m.Paused, m.Pauses)
+		m.Parked, m.Oldest, m.Paused, m.Pauses, m.Owner, m.Assigned)
 	return m
 }
 
@@ -100,6 +111,7 @@ func (m *Metrics) initSeries(topics []string) {
 			m.Paused.WithLabelValues(topic, reason)
 			m.Pauses.WithLabelValues(topic, reason)
 		}
+		m.Assigned.WithLabelValues(topic)
 	}
 }
 
@@ -190,5 +202,30 @@ func (m *Metrics) observe(topics []string, stats []inbox.ParkStats) {
 		st := byTopic[t]
 		m.Parked.WithLabelValues(t).Set(float64(st.Messages))
 		m.Oldest.WithLabelValues(t).Set(st.OldestAge.Seconds())
+	}
+}
+
+func (m *Metrics) setOwner(topic string, partition int, o owner) {
+	if m == nil {
+		return
+	}
+	m.Owner.WithLabelValues(topic, strconv.Itoa(partition), o.memberID, o.clientID, o.host).Set(1)
+}
+
+func (m *Metrics) deleteOwner(topic string, partition int, o owner) {
+	if m == nil {
+		return
+	}
+	m.Owner.DeleteLabelValues(topic, strconv.Itoa(partition), o.memberID, o.clientID, o.host)
+}
+
+// assigned sets the assigned_partitions gauge of every consumed topic from a generation's
+// assignments (topic → partitions).
+func (m *Metrics) assigned(topics []string, assignments map[string][]int) {
+	if m == nil {
+		return
+	}
+	for _, topic := range topics {
+		m.Assigned.WithLabelValues(topic).Set(float64(len(assignments[topic])))
 	}
 }

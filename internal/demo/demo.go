@@ -549,8 +549,8 @@ func readSummary(ctx context.Context, cfg Config) (*summary, error) {
 		return nil, err
 	}
 	for kind, n := range anomalies {
-		if n > 0 {
-			s.anomalies[kind] = int(n)
+		if n.Rows > 0 {
+			s.anomalies[kind] = int(n.Rows)
 		}
 	}
 	rows, err := pool.Query(ctx, `SELECT order_no, status FROM orders ORDER BY order_no`)

@@ -142,7 +142,7 @@ func (h *Handler) payAll(ctx context.Context, tx pgx.Tx, ds []inboxworker.Delive
 		return nil, candidates[0], err
 	}
 	for _, a := range done {
-		h.logAfterCommit(ctx, slog.LevelDebug, "payment callback applied", a.key, a.cb, slog.String("effect", effectPaid))
+		h.logAfterCommit(ctx, h.appliedLevel, "payment callback applied", a.key, a.cb, slog.String("effect", effectPaid))
 	}
 	return paid, 0, nil
 }

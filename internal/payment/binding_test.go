@@ -402,19 +402,20 @@ func (b *lockedBuffer) count(parts ...string) int {
 }
 
 // TestLogsWhatCommitted: a transaction that rolls back after the handler applied its callbacks
-// logs nothing of them; its re-run logs each effect once. With a transaction per callback, and a
+// logs nothing of them; its re-run logs each effect once, at info, the worker's default level: an
+// operator can tell from the log that a callback applied. With a transaction per callback, and a
 // batch rolled back because of one invalid callback and run again without it, as the consumer does.
 func TestLogsWhatCommitted(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	logs := &lockedBuffer{}
 	handler, err := payment.NewHandler(payment.Config{
-		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(logs, testlog.Writer(t)), &slog.HandlerOptions{Level: slog.LevelDebug}))})
+		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(logs, testlog.Writer(t)), &slog.HandlerOptions{Level: slog.LevelInfo}))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.handler = handler
-	for _, orderNo := range []string{"PAY-1", "PAY-2"} {
+	for _, orderNo := range []string{"PAY-1", "PAY-2", "FAIL-1", "FAIL-2"} {
 		createOrder(t, e.pool, orderNo, "99.90", "CNY", "PENDING")
 	}
 	for _, orderNo := range []string{"CANCELLED-1", "CANCELLED-2"} {
@@ -426,10 +427,14 @@ func TestLogsWhatCommitted(t *testing.T) {
 	flag := func(n int) []byte {
 		return callback(t, map[string]any{"order_no": fmt.Sprintf("CANCELLED-%d", n), "provider_txn_id": fmt.Sprintf("T-CANCELLED-%d", n)})
 	}
+	fail := func(n int) []byte {
+		return callback(t, map[string]any{"order_no": fmt.Sprintf("FAIL-%d", n), "provider_txn_id": fmt.Sprintf("T-FAIL-%d", n),
+			"result": "FAILED"})
+	}
 
 	t.Run("PerMessage", func(t *testing.T) {
 		ctx := context.Background()
-		for _, d := range []delivery{{"pay-1", pay(1)}, {"flag-1", flag(1)}} {
+		for _, d := range []delivery{{"pay-1", pay(1)}, {"flag-1", flag(1)}, {"fail-1", fail(1)}} {
 			msg := inbox.Message{Handler: "payments", Key: d.key, Fingerprint: inbox.Fingerprint(d.value), Topic: "payments.callbacks"}
 			rolledBack := errors.New("a later step failed")
 			_, err := e.store.Process(ctx, msg, func(ctx context.Context, tx pgx.Tx) error {
@@ -443,29 +448,59 @@ func TestLogsWhatCommitted(t *testing.T) {
 			}
 			e.mustDeliver(t, d.key, d.value, inbox.Applied)
 		}
-		if n := logs.count("payment callback applied", "provider_txn_id=T-PAY-1 ", "effect=order_paid"); n != 1 {
+		if n := logs.count("level=INFO", "payment callback applied", "provider_txn_id=T-PAY-1 ", "effect=order_paid"); n != 1 {
 			t.Errorf("%d lines for paying PAY-1, want 1", n)
 		}
 		if n := logs.count("payment anomaly recorded", "provider_txn_id=T-CANCELLED-1 "); n != 1 {
 			t.Errorf("%d lines for the anomaly of T-CANCELLED-1, want 1", n)
 		}
+		if n := logs.count("level=INFO", "payment callback applied", "idempotency_key=fail-1", "effect=failed_payment_recorded"); n != 1 {
+			t.Errorf("%d lines for the failed payment of FAIL-1, want 1", n)
+		}
 	})
 
 	t.Run("PerBatch", func(t *testing.T) {
-		batch := []delivery{{"pay-2", pay(2)}, {"flag-2", flag(2)}, {"bad", []byte(`{"order_no":`)}}
+		batch := []delivery{{"pay-2", pay(2)}, {"flag-2", flag(2)}, {"fail-2", fail(2)}, {"bad", []byte(`{"order_no":`)}}
 		if _, err := e.deliverBatch(t, batch, nil); err == nil {
 			t.Fatal("the batch with an invalid callback committed")
 		}
-		if _, err := e.deliverBatch(t, batch[:2], nil); err != nil {
+		if _, err := e.deliverBatch(t, batch[:3], nil); err != nil {
 			t.Fatal(err)
 		}
-		if n := logs.count("payment callback applied", "provider_txn_id=T-PAY-2 ", "effect=order_paid"); n != 1 {
+		if n := logs.count("level=INFO", "payment callback applied", "provider_txn_id=T-PAY-2 ", "effect=order_paid"); n != 1 {
 			t.Errorf("%d lines for paying PAY-2, want 1", n)
 		}
 		if n := logs.count("payment anomaly recorded", "provider_txn_id=T-CANCELLED-2 "); n != 1 {
 			t.Errorf("%d lines for the anomaly of T-CANCELLED-2, want 1", n)
 		}
+		if n := logs.count("level=INFO", "payment callback applied", "idempotency_key=fail-2", "effect=failed_payment_recorded"); n != 1 {
+			t.Errorf("%d lines for the failed payment of FAIL-2, want 1", n)
+		}
 	})
+}
+
+// TestAppliedLevel: with Config.AppliedLevel at debug, a logger at info carries no line for an
+// applied callback, and still the anomaly's.
+func TestAppliedLevel(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	logs := &lockedBuffer{}
+	handler, err := payment.NewHandler(payment.Config{AppliedLevel: slog.LevelDebug,
+		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(logs, testlog.Writer(t)), &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.handler = handler
+	createOrder(t, e.pool, "PAY-1", "99.90", "CNY", "PENDING")
+	createOrder(t, e.pool, "CANCELLED-1", "99.90", "CNY", "CANCELLED")
+	e.mustDeliver(t, "pay-1", callback(t, map[string]any{"order_no": "PAY-1", "provider_txn_id": "T-1"}), inbox.Applied)
+	e.mustDeliver(t, "flag-1", callback(t, map[string]any{"order_no": "CANCELLED-1", "provider_txn_id": "T-2"}), inbox.Applied)
+	if n := logs.count("payment callback applied"); n != 0 {
+		t.Errorf("%d lines for the applied callback at info, want none", n)
+	}
+	if n := logs.count("payment anomaly recorded", "provider_txn_id=T-2 "); n != 1 {
+		t.Errorf("%d lines for the anomaly, want 1", n)
+	}
 }
 
 // TestUniqueViolationIsRetryable: a payment row written by hand, outside the rules that record its

@@ -34,9 +34,11 @@
 // common case, a SUCCESS that pays a PENDING order, for the whole batch in one statement, and every
 // other callback as Handle does, in order.
 //
-// What a callback did (an anomaly at warn level; a payment, at debug) is logged once its transaction
-// commits (see inboxworker.AfterCommit), never for work rolled back; called outside a transaction of
-// package inbox, the handler logs nothing.
+// What a callback did (an anomaly at warn level; a payment, paid or failed, at info unless
+// Config.AppliedLevel says otherwise; one line each) is logged once its transaction commits (see
+// inboxworker.AfterCommit), never for work rolled back; called outside a transaction of package inbox,
+// the handler logs nothing. A callback found already applied under another key is logged at debug:
+// the consumer logs the duplicate it skipped.
 //
 // payment does not retry, dead-letter, count or know Kafka: it returns nil (applied),
 // inboxworker.ErrAlreadyApplied (duplicate) or an error classified with package fault, and its caller does
@@ -67,17 +69,24 @@ type Config struct {
 	EventsTopic string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// AppliedLevel is the level of the line logged for each callback applied (an order paid, a
+	// failed payment recorded). Defaults to slog.LevelInfo, the zero value; slog.LevelDebug quiets
+	// the lines at the default log level, for a worker applying more callbacks than its log should
+	// carry. Anomalies are logged at warn whatever it is.
+	AppliedLevel slog.Level
 }
 
 // Handler applies payment callbacks. It is safe for concurrent use.
 type Handler struct {
-	events string
-	logger *slog.Logger
+	events       string
+	logger       *slog.Logger
+	appliedLevel slog.Level
 }
 
 // NewHandler returns a Handler.
 func NewHandler(config Config) (*Handler, error) {
-	return &Handler{events: config.EventsTopic, logger: cmp.Or(config.Logger, slog.Default())}, nil
+	return &Handler{events: config.EventsTopic, logger: cmp.Or(config.Logger, slog.Default()),
+		appliedLevel: config.AppliedLevel}, nil
 }
 
 // UnknownOrder is the dead-letter reason of a callback whose order did not appear within the retry
@@ -136,7 +145,7 @@ func (h *Handler) apply(ctx context.Context, tx pgx.Tx, key string, cb Callback)
 	case done == AmountMismatch || done == DuplicatePayment || done == PaidAfterCancel:
 		h.logAfterCommit(ctx, slog.LevelWarn, "payment anomaly recorded", key, cb, slog.String("anomaly", done))
 	default:
-		h.logAfterCommit(ctx, slog.LevelDebug, "payment callback applied", key, cb, slog.String("effect", done))
+		h.logAfterCommit(ctx, h.appliedLevel, "payment callback applied", key, cb, slog.String("effect", done))
 	}
 	return nil
 }
@@ -150,6 +159,7 @@ func (h *Handler) logAfterCommit(ctx context.Context, level slog.Level, msg, key
 	attrs := append([]slog.Attr{
 		slog.String("order_no", cb.OrderNo), slog.String("provider", cb.Provider),
 		slog.String("provider_txn_id", cb.ProviderTxnID), slog.String("result", string(cb.Result)),
+		slog.String("amount", cb.Amount), slog.String("currency", cb.Currency),
 		slog.String("idempotency_key", key),
 	}, extra...)
 	inboxworker.AfterCommit(ctx, func(ctx context.Context) { h.logger.LogAttrs(ctx, level, msg, attrs...) })

@@ -105,6 +105,9 @@ func pgxTracer(logger *slog.Logger, password string) *tracelog.TraceLog {
 					continue
 				case "err":
 					attrs = append(attrs, slog.String("err", scrub(fmt.Sprint(v))))
+				case "time":
+					// How long the operation took: "time" is the record's own key.
+					attrs = append(attrs, slog.Any("duration", v))
 				default:
 					attrs = append(attrs, slog.Any(k, v))
 				}

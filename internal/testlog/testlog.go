@@ -1,10 +1,15 @@
 // Package testlog routes a component's slog output to the test's log, where it shows only when the
-// test fails or runs with -v. It is for tests only.
+// test fails or runs with -v. Every record is also written as the JSON line the worker would log
+// and checked with a strict decoder (Strict): a key twice in one object, which strict log ingesters
+// refuse, fails the test. It is for tests only.
 package testlog
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -17,13 +22,123 @@ import (
 // still winding down, are dropped instead of panicking. Call it before starting anything that logs
 // in the background, so that its cleanup, registered first, runs last. The level is info, or
 // debug when LOG_LEVEL=debug.
+//
+// Each record is also formatted as a JSON line and checked with Strict; a line that fails the check
+// fails the test.
 func New(tb testing.TB) *slog.Logger {
 	w := Writer(tb)
 	level := slog.LevelInfo
 	if os.Getenv("LOG_LEVEL") == "debug" {
 		level = slog.LevelDebug
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	opts := &slog.HandlerOptions{Level: level}
+	check := &strictWriter{tb: tb}
+	tb.Cleanup(check.close)
+	return slog.New(&teeHandler{
+		text: slog.NewTextHandler(w, opts),
+		json: slog.NewJSONHandler(check, opts),
+	})
+}
+
+// Strict checks that line is one JSON value in which no object has a key twice: what a strict log
+// ingester accepts. encoding/json alone keeps the last of two equal keys without a word.
+func Strict(line []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.UseNumber()
+	if err := strictValue(dec, "$"); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("more than one JSON value on the line")
+	}
+	return nil
+}
+
+// strictValue reads one value from dec, at path, and its members' values, rejecting a duplicate
+// key in any object.
+func strictValue(dec *json.Decoder, path string) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	switch tok {
+	case json.Delim('{'):
+		seen := map[string]bool{}
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			key, _ := tok.(string)
+			if seen[key] {
+				return fmt.Errorf("%s: key %q twice in one object", path, key)
+			}
+			seen[key] = true
+			if err := strictValue(dec, path+"."+key); err != nil {
+				return err
+			}
+		}
+		_, err = dec.Token() // '}'
+	case json.Delim('['):
+		for i := 0; dec.More(); i++ {
+			if err := strictValue(dec, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+		_, err = dec.Token() // ']'
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// teeHandler hands every record to the text handler the test reads and to the JSON handler the
+// strict check reads.
+type teeHandler struct {
+	text, json slog.Handler
+}
+
+func (h *teeHandler) Enabled(ctx context.Context, level slog.Level) bool {
+	return h.text.Enabled(ctx, level)
+}
+
+func (h *teeHandler) Handle(ctx context.Context, r slog.Record) error {
+	err := h.json.Handle(ctx, r.Clone())
+	return errors.Join(h.text.Handle(ctx, r), err)
+}
+
+func (h *teeHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return &teeHandler{text: h.text.WithAttrs(attrs), json: h.json.WithAttrs(attrs)}
+}
+
+func (h *teeHandler) WithGroup(name string) slog.Handler {
+	return &teeHandler{text: h.text.WithGroup(name), json: h.json.WithGroup(name)}
+}
+
+// strictWriter checks each JSON line written to it with Strict, failing the test on a bad one,
+// until the test ends.
+type strictWriter struct {
+	mu     sync.Mutex
+	tb     testing.TB
+	closed bool
+}
+
+func (w *strictWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.closed {
+		if err := Strict(p); err != nil {
+			w.tb.Errorf("testlog: a log line that strict log ingesters refuse: %v\n%s", err, p)
+		}
+	}
+	return len(p), nil
+}
+
+func (w *strictWriter) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.closed = true
 }
 
 // Writer returns a writer of lines to tb.Log, such as a subprocess's output, until the test ends;
