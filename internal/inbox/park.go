@@ -133,11 +133,11 @@ var parkedColumns = parkedColumnsOf("inbox_parked")
 // scanParked reads a row of parkedColumns.
 func scanParked(row pgx.CollectableRow) (Parked, error) {
 	var (
-		p                 Parked
-		keys, values      [][]byte
-		reason            string
+		p                           Parked
+		keys, values                [][]byte
+		reason                      string
 		firstFailed, held, produced *time.Time
-		spentMicros       int64
+		spentMicros                 int64
 	)
 	err := row.Scan(&p.ID, &p.Handler, &p.Topic, &p.Partition, &p.Offset, &p.OrderingKey,
 		&p.IdempotencyKey, &p.MessageKey, &p.Value, &keys, &values, &p.Attempts, &p.Starts, &reason,
