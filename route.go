@@ -30,6 +30,11 @@ type Route struct {
 	// counts once; a call out counts until it ends): a database route's transactions each hold a
 	// connection of the pool, a call route's calls load the other service. Defaults to 4.
 	Concurrency int
+	// RateLimit is the most calls per second of a call route, for the whole consumer group: each
+	// instance takes the share of the route's partitions it owns, re-split at every rebalance, so
+	// that no call waits on another instance. A 429 or a Retry-After lowers it for a while. 0:
+	// none.
+	RateLimit float64
 	// Retention is how long the route's idempotency keys are remembered: at least as long as the
 	// topic can deliver a message again, its retention.ms plus its segment.ms (a key forgotten
 	// sooner is a duplicate applied again). Defaults to 337h, what Kafka's defaults (7 days each)
@@ -43,7 +48,8 @@ const DefaultRetention = 337 * time.Hour
 
 // consumerRoute is r as the consumer runs it.
 func (r Route) consumerRoute() consumer.Route {
-	cr := consumer.Route{Topic: r.Topic, Name: r.Name, CallLease: r.CallLease, Concurrency: r.Concurrency}
+	cr := consumer.Route{Topic: r.Topic, Name: r.Name, CallLease: r.CallLease, Concurrency: r.Concurrency,
+		RateLimit: r.RateLimit}
 	if r.Handler != nil {
 		cr.Handler = r.Handler
 	}

@@ -197,6 +197,7 @@ var contractDefaults = map[string]string{
 	"MAX_IN_FLIGHT":                  "256",
 	"PAYMENTS_CONCURRENCY":           "4",
 	"SMS_CONCURRENCY":                "128",
+	"SMS_RATE_LIMIT":                 "", // none
 	"TOPIC_PAYMENT_EVENTS":           "payments.events",
 	"INBOX_RETENTION_PAYMENT_EVENTS": "",
 	"PAYMENT_EVENTS_CONCURRENCY":     "4",

@@ -34,6 +34,8 @@ type routeRow struct {
 	maxConcurrency int
 	// handler builds the route's handler: its Handler or its Call, of the route it returns.
 	handler func(cfg *Config, logger *slog.Logger, tracer *tracing.Tracer) (inboxworker.Route, error)
+	// calls: its handler is a call handler, whose calls <NAME>_RATE_LIMIT bounds.
+	calls bool
 	// optional: its topic may be "-", which turns the route off; and it is consumed only when its
 	// topic is set, or by worker dev and worker demo, which create it: a consumer group one of whose
 	// topics does not exist consumes none of them, so a default must not name a topic that may not
@@ -55,7 +57,7 @@ var bundledRoutes = []routeRow{
 				AppliedLevel: outcomeLevel(cfg)})
 			return inboxworker.Route{Handler: h}, err
 		}},
-	{name: smsInbox, topic: "notifications.sms", what: "SMS event",
+	{name: smsInbox, topic: "notifications.sms", what: "SMS event", calls: true,
 		concurrency: 128, maxConcurrency: 10000,
 		concurrencyHelp: "most SMS being sent at once, across partitions",
 		inspect:         inspect.SMS,
@@ -102,6 +104,8 @@ type routeSettings struct {
 	// as the topic can redeliver": settled at start from the topic's configuration (see checkKafka).
 	Retention   time.Duration
 	Concurrency int
+	// RateLimit is the most calls per second of a call route, for the whole group; 0: none.
+	RateLimit int
 }
 
 // route returns the settings of the route named name, made when first asked for.
@@ -133,11 +137,12 @@ func settingsOf(routes []routeRow) []*setting {
 	return out
 }
 
-// settings are r's settings: its topic, its inbox retention and its concurrency.
+// settings are r's settings: its topic, its inbox retention, its concurrency and, for a call route,
+// its rate limit.
 func (r routeRow) settings() []*setting {
 	stem := strings.ToUpper(r.name)
 	flag := strings.ReplaceAll(r.name, "_", "-")
-	return []*setting{
+	out := []*setting{
 		{Env: "TOPIC_" + stem, Flag: "topic-" + flag, Default: r.topic, Meta: "TOPIC", Use: useTopics | useInspect,
 			Usage: r.topicHelp(),
 			Set: func(c *Config, v string) error {
@@ -159,6 +164,14 @@ func (r routeRow) settings() []*setting {
 			Use: useWorker, Usage: r.concurrencyHelp, Bound: envflag.Counts(1, r.maxConcurrency),
 			Set: func(c *Config, v string) error { return envflag.Positive(&c.route(r.name).Concurrency, v) }},
 	}
+	if r.calls {
+		out = append(out, &setting{Env: stem + "_RATE_LIMIT", Flag: flag + "-rate-limit", Meta: "N", Use: useWorker,
+			Usage: "most calls per second of the " + r.name + " route for the whole consumer group, each instance " +
+				"taking the share of the partitions it owns (unset: none)",
+			Bound: envflag.Counts(1, 100000),
+			Set:   func(c *Config, v string) error { return envflag.Limit(&c.route(r.name).RateLimit, v) }})
+	}
+	return out
 }
 
 // topicHelp is the help of r's topic setting.
@@ -248,6 +261,7 @@ func (c *Config) workerRoutes(logger *slog.Logger, tracer *tracing.Tracer) ([]in
 		}
 		s := c.route(r.name)
 		route.Topic, route.Name, route.Retention, route.Concurrency = s.Topic, r.name, s.Retention, s.Concurrency
+		route.RateLimit = float64(s.RateLimit)
 		out = append(out, route)
 	}
 	return out, nil

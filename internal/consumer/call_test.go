@@ -368,3 +368,112 @@ func TestConcurrentDuplicateCall(t *testing.T) {
 		t.Errorf("%v applied, want 1", n)
 	}
 }
+
+// callClock records when each call of a call route started, for its rate.
+type callClock struct {
+	mu    sync.Mutex
+	times []time.Time
+}
+
+func (c *callClock) note() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.times = append(c.times, time.Now())
+}
+
+// busiestSecond returns the most calls that started within one second of each other.
+func (c *callClock) busiestSecond() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	times := slices.Clone(c.times)
+	slices.SortFunc(times, time.Time.Compare)
+	most := 0
+	for i, j := 0, 0; j < len(times); j++ {
+		for times[j].Sub(times[i]) >= time.Second {
+			i++
+		}
+		most = max(most, j-i+1)
+	}
+	return most
+}
+
+// TestRateLimitAcrossInstances: a call route's rate limit holds for the whole group — two
+// instances, then three as one joins, then two as another leaves — without asking anyone per call:
+// each keeps to the share of the partitions it owns, re-split at every rebalance. No second holds
+// more calls than the rate and the limiter's small bursts.
+func TestRateLimitAcrossInstances(t *testing.T) {
+	t.Parallel()
+	e := setup(t, testMode{consumer.PerMessage, consumer.ByKey}, 4)
+	const rate = 100
+	clock := &callClock{}
+	h := newCaller(func(ctx context.Context, d inbox.Delivery) error {
+		clock.note()
+		time.Sleep(20 * time.Millisecond) // the provider takes its time
+		return nil
+	})
+	config := e.callConfig(h)
+	config.Routes[0].RateLimit, config.Routes[0].Concurrency = rate, 128
+	all := keys("sms", 600)
+	e.produce(all...)
+	_, stopFirst := e.start(config)
+	second, _ := e.start(config)
+	e.waitFor("a third sent", func() bool { return len(e.effects()) >= len(all)/3 })
+	third, _ := e.start(config)
+	e.waitFor("the third instance to join", third.Ready)
+	e.waitFor("two thirds sent", func() bool { return len(e.effects()) >= 2*len(all)/3 })
+	stopFirst()
+	e.waitFor("every message sent", func() bool { return e.committed() == int64(len(all)) })
+	e.waitFor("the second instance ready", second.Ready)
+	checkOnce(t, e, all)
+	if n := clock.busiestSecond(); n > rate*11/10 {
+		t.Errorf("%d calls within one second, want at most %d (the rate and 10%%)", n, rate*11/10)
+	}
+	clock.mu.Lock()
+	took := clock.times[len(clock.times)-1].Sub(clock.times[0])
+	clock.mu.Unlock()
+	t.Logf("%d calls in %s: %.0f/s for a limit of %d/s; the busiest second %d", len(all), took.Round(time.Millisecond),
+		float64(len(all))/took.Seconds(), rate, clock.busiestSecond())
+}
+
+// TestSlowStartThroughAnOutage: a provider down from the start meets a few calls, not the route's
+// whole window: the route's concurrency starts small and halves with each failure, and the circuit
+// pauses it after a few. Nothing is dead-lettered, and once the provider is back every message is
+// sent once, the concurrency growing back with the answers.
+func TestSlowStartThroughAnOutage(t *testing.T) {
+	t.Parallel()
+	e := setup(t, testMode{consumer.PerMessage, consumer.ByKey}, 8)
+	var down atomic.Bool
+	var whileDown atomic.Int64
+	down.Store(true)
+	h := newCaller(func(ctx context.Context, d inbox.Delivery) error {
+		if down.Load() {
+			whileDown.Add(1)
+			return fault.Retryable(errors.New("provider answered 503"))
+		}
+		return nil
+	})
+	config := e.callConfig(h)
+	parkSoon(&config)
+	config.Routes[0].Concurrency = 128
+	config.Retry.MaxElapsed = 3 * time.Second
+	config.Circuit = consumer.CircuitConfig{ProbeInterval: 200 * time.Millisecond, MaxProbeInterval: time.Second}
+	all := keys("sms", 400)
+	e.produce(all...)
+	e.start(config)
+	e.waitFor("the route paused", func() bool { return routePaused(config, "outage") == 1 })
+	time.Sleep(2 * config.Retry.MaxElapsed) // the outage: twice the budget
+	calls := whileDown.Load()
+	down.Store(false)
+	e.waitFor("every message sent", func() bool { return e.committed() == int64(len(all)) && len(e.parkedKeys()) == 0 })
+	checkOnce(t, e, all)
+	if dead := e.deadLetters(); len(dead) != 0 {
+		t.Errorf("%d dead letters, want none", len(dead))
+	}
+	t.Logf("%d calls while the provider was down, the route's concurrency 128", calls)
+	if calls > 20 {
+		t.Errorf("%d calls while the provider was down, want at most 20", calls)
+	}
+	e.waitFor("the concurrency grown back", func() bool {
+		return testutil.ToFloat64(config.Metrics.ConcurrencyLimit.WithLabelValues(topic)) > 4
+	})
+}

@@ -8,10 +8,13 @@ import (
 	"time"
 )
 
-// gate is a route's one admission of work, shared by all its partitions and their retriers. Three
-// things decide whether a message of the route may start, each in one place:
+// gate is a route's one admission of work, shared by all its partitions and their retriers. Four
+// things decide whether a message of the route may start, each in a file of its own:
 //
-//   - slots: at most Route.Concurrency of the route's handlers run at once (a batch counts once);
+//   - slots (slots.go): at most Route.Concurrency of the route's handlers run at once (a batch
+//     counts once); a call route starts slowly after start and after a pause, and halves on
+//     failures;
+//   - the pace (pace.go): a call route's share of the group's rate, Route.RateLimit;
 //   - a throttle: the route's dependency asked to wait (a Retry-After), and nothing of the route
 //     starts before then;
 //   - the outage circuit (circuit.go): while the route's failures look like an outage of its
@@ -22,7 +25,8 @@ import (
 // the clock of it, which the retry budgets leave out.
 type gate struct {
 	topic   string
-	slots   chan struct{}
+	slots   *slots
+	pace    *pace
 	circuit *circuit
 	metrics *Metrics
 	log     *slog.Logger
@@ -44,8 +48,11 @@ const (
 
 var pauseReasons = []string{pausedOutage, pausedRetryAfter}
 
-func newGate(topic string, concurrency int, cc CircuitConfig, m *Metrics, log *slog.Logger) (*gate, error) {
-	g := &gate{topic: topic, slots: make(chan struct{}, concurrency), metrics: m, log: log}
+// newGate is the gate of route r: a call route starts slowly, and keeps to its rate.
+func newGate(r Route, cc CircuitConfig, m *Metrics, log *slog.Logger) (*gate, error) {
+	g := &gate{topic: r.Topic, metrics: m, log: log}
+	g.slots = newSlots(r.Concurrency, r.Call != nil, func(limit int) { m.setConcurrency(r.Topic, limit) })
+	g.pace = newPace(r.RateLimit, func(perSecond float64) { m.setRate(r.Topic, perSecond) })
 	cc.OnChange = g.circuitChanged
 	c, err := newCircuit(cc)
 	if err != nil {
@@ -55,31 +62,16 @@ func newGate(topic string, concurrency int, cc CircuitConfig, m *Metrics, log *s
 	return g, nil
 }
 
-// tryAcquire takes a slot if one is free. The partition's loop takes one by sending on slots, in
-// a select beside its other events.
-func (g *gate) tryAcquire() bool {
-	select {
-	case g.slots <- struct{}{}:
-		return true
-	default:
-		return false
-	}
-}
+// tryAcquire takes a slot if one is free.
+func (g *gate) tryAcquire() bool { return g.slots.tryAcquire() }
 
 // acquire waits for a free slot, or for ctx to be done.
-func (g *gate) acquire(ctx context.Context) error {
-	select {
-	case g.slots <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
-}
+func (g *gate) acquire(ctx context.Context) error { return g.slots.acquire(ctx) }
 
-func (g *gate) release() { <-g.slots }
+func (g *gate) release() { g.slots.release() }
 
-// full reports whether every slot is taken.
-func (g *gate) full() bool { return len(g.slots) == cap(g.slots) }
+// full reports whether no slot is free.
+func (g *gate) full() bool { return g.slots.free() == 0 }
 
 // admission is what the gate lets start now.
 type admission int
@@ -96,6 +88,9 @@ func (g *gate) admit() (admission, time.Duration) {
 	if d := g.throttledFor(); d > 0 {
 		return admitNone, d
 	}
+	if d := g.pace.delay(); d > 0 {
+		return admitNone, d
+	}
 	switch state, probeAt := g.circuit.State(); state {
 	case RouteOpen:
 		return admitAny, 0
@@ -108,43 +103,95 @@ func (g *gate) admit() (admission, time.Duration) {
 	return admitNone, routePoll
 }
 
-// allow takes the permit for a message of key to start now: any while the route is open, the
-// probe once it is due while it is paused. Every permit granted goes back to record.
+// allow takes the permit for a message to start now: any while the route is open, the probe once
+// it is due while it is paused; and a token of the route's pace. Every permit granted goes back to
+// record.
 func (g *gate) allow() (permit, bool) {
-	if g.throttledFor() > 0 {
+	if g.throttledFor() > 0 || g.pace.delay() > 0 {
 		return permit{}, false
 	}
-	return g.circuit.Allow()
+	d, cancel := g.pace.reserve()
+	if d > 0 { // taken by another meanwhile
+		cancel()
+		return permit{}, false
+	}
+	p, ok := g.circuit.Allow()
+	if !ok {
+		cancel()
+	}
+	return p, ok
 }
 
 // wait waits until a message may start and returns its permit: for a message retried in place,
-// which keeps its slot meanwhile. It fails only when ctx is done or stopping is closed.
+// which keeps its slot meanwhile. It takes a token of the route's pace as soon as the throttle and
+// the circuit would let the message start, and waits for it; it fails only when ctx is done or
+// stopping is closed.
 func (g *gate) wait(ctx context.Context, stopping <-chan struct{}) (permit, error) {
-	for {
-		if p, ok := g.allow(); ok {
+	for first := true; ; first = false {
+		if d := g.notYet(); d > 0 {
+			if err := g.sleep(ctx, stopping, d, g.circuit.Changed()); err != nil {
+				return permit{}, err
+			}
+			continue
+		}
+		d, cancel := g.pace.reserve()
+		if d > 0 {
+			if first {
+				g.metrics.waitedForRate(g.topic)
+			}
+			if err := g.sleep(ctx, stopping, d, nil); err != nil { // the token's time, whatever else changes
+				cancel()
+				return permit{}, err
+			}
+		}
+		if p, ok := g.circuit.Allow(); ok {
 			return p, nil
 		}
-		_, d := g.admit()
-		if d <= 0 {
-			d = routePoll
-		}
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-g.circuit.Changed():
-		case <-ctx.Done():
-			t.Stop()
-			return permit{}, context.Cause(ctx)
-		case <-stopping:
-			t.Stop()
-			return permit{}, errStopping
-		}
-		t.Stop()
+		cancel() // the route paused while the token was waited for
 	}
 }
 
-// record tells the circuit what the run of a message of key, started with p, came to.
-func (g *gate) record(p permit, key string, res signal) { g.circuit.Record(p, key, res) }
+// notYet is how long until the throttle and the circuit may let a message start; 0 when they
+// would now.
+func (g *gate) notYet() time.Duration {
+	if d := g.throttledFor(); d > 0 {
+		return d
+	}
+	switch state, probeAt := g.circuit.State(); state {
+	case RouteOpen:
+		return 0
+	case RoutePaused:
+		return max(time.Until(probeAt), 0)
+	}
+	return routePoll
+}
+
+// sleep waits for d, or until changed is closed; it fails when ctx is done or stopping closed.
+func (g *gate) sleep(ctx context.Context, stopping <-chan struct{}, d time.Duration, changed <-chan struct{}) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-changed:
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-stopping:
+		return errStopping
+	}
+	return nil
+}
+
+// record tells the circuit what the run of a message of key, started with p, came to, and the
+// slots whether it went well.
+func (g *gate) record(p permit, key string, res signal) {
+	switch res {
+	case signalAnswered:
+		g.slots.succeeded()
+	case signalFailed:
+		g.slots.failed()
+	}
+	g.circuit.Record(p, key, res)
+}
 
 // open reports whether the circuit has the route open: a failure now is a message's own.
 func (g *gate) open() bool {
@@ -173,12 +220,16 @@ func (g *gate) throttle(d time.Duration) {
 		g.metrics.setPaused(g.topic, pausedRetryAfter, true)
 		g.metrics.countPause(g.topic, pausedRetryAfter)
 		g.log.Warn("throttling the route: its dependency asked to wait", "topic", g.topic, "for", d.String())
+		g.pace.throttled()
 	}
 	g.until = until
 	if g.reopen != nil {
 		g.reopen.Stop()
 	}
-	g.reopen = time.AfterFunc(d, func() { g.metrics.setPaused(g.topic, pausedRetryAfter, false) })
+	g.reopen = time.AfterFunc(d, func() {
+		g.metrics.setPaused(g.topic, pausedRetryAfter, false)
+		g.slots.restart()
+	})
 }
 
 // throttledFor is how long the throttle still holds.
@@ -212,6 +263,7 @@ func (g *gate) circuitChanged(from, to RouteState, why string) {
 		g.metrics.countPause(g.topic, pausedOutage)
 		g.log.Warn("pausing the route: its dependency looks down", "topic", g.topic, "why", why)
 	case to == RouteOpen:
+		g.slots.restart()
 		g.log.Info("resuming the route", "topic", g.topic, "why", why)
 	default:
 		g.log.Info(fmt.Sprintf("the route is %s", to), "topic", g.topic, "why", why)

@@ -24,6 +24,10 @@ type Metrics struct {
 	Oldest *prometheus.GaugeVec   // inboxworker_parked_oldest_seconds{topic}
 	Paused *prometheus.GaugeVec   // inboxworker_route_paused{topic,reason}
 	Pauses *prometheus.CounterVec // inboxworker_route_pauses_total{topic,reason}
+	// The route gates' slots and pace (see gate.go).
+	ConcurrencyLimit *prometheus.GaugeVec   // inboxworker_route_concurrency_limit{topic}
+	RateLimit        *prometheus.GaugeVec   // inboxworker_route_rate_limit{topic}
+	RateWaits        *prometheus.CounterVec // inboxworker_route_rate_waits_total{topic}
 	// Who holds what in the group (see lag.go).
 	Owner    *prometheus.GaugeVec // inboxworker_partition_owner{topic,partition,member_id,client_id,host}
 	Assigned *prometheus.GaugeVec // inboxworker_assigned_partitions{topic}
@@ -82,6 +86,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Partitions of the topic this instance holds in its current generation of the group; 0 before it joins.",
 		}, []string{"topic"}),
 	}
+	m.ConcurrencyLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "inboxworker_route_concurrency_limit",
+		Help: "How many of the topic's handler runs may go at once on this instance now: Route.Concurrency, or less while a call route starts slowly.",
+	}, []string{"topic"})
+	m.RateLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "inboxworker_route_rate_limit",
+		Help: "Calls per second the topic's route may make on this instance now: its share of the group's rate limit, lowered while its dependency throttles it; 0 without a limit.",
+	}, []string{"topic"})
+	m.RateWaits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "inboxworker_route_rate_waits_total",
+		Help: "Attempts of the topic's route that waited for its rate limit before they started.",
+	}, []string{"topic"})
+	reg.MustRegister(m.ConcurrencyLimit, m.RateLimit, m.RateWaits)
 	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag, m.Stalled, m.DeadLettersStored,
 		m.Parked, m.Oldest, m.Paused, m.Pauses, m.Owner, m.Assigned)
 	return m
@@ -107,6 +124,9 @@ func (m *Metrics) initSeries(topics []string) {
 		m.DeadLettersStored.WithLabelValues(topic)
 		m.Parked.WithLabelValues(topic)
 		m.Oldest.WithLabelValues(topic)
+		m.ConcurrencyLimit.WithLabelValues(topic)
+		m.RateLimit.WithLabelValues(topic)
+		m.RateWaits.WithLabelValues(topic)
 		for _, reason := range pauseReasons {
 			m.Paused.WithLabelValues(topic, reason)
 			m.Pauses.WithLabelValues(topic, reason)
@@ -228,4 +248,28 @@ func (m *Metrics) assigned(topics []string, assignments map[string][]int) {
 	for _, topic := range topics {
 		m.Assigned.WithLabelValues(topic).Set(float64(len(assignments[topic])))
 	}
+}
+
+// setConcurrency sets the concurrency limit gauge of topic.
+func (m *Metrics) setConcurrency(topic string, limit int) {
+	if m == nil {
+		return
+	}
+	m.ConcurrencyLimit.WithLabelValues(topic).Set(float64(limit))
+}
+
+// setRate sets the rate limit gauge of topic, in calls per second.
+func (m *Metrics) setRate(topic string, perSecond float64) {
+	if m == nil {
+		return
+	}
+	m.RateLimit.WithLabelValues(topic).Set(perSecond)
+}
+
+// waitedForRate counts an attempt of topic that waited for its rate limit.
+func (m *Metrics) waitedForRate(topic string) {
+	if m == nil {
+		return
+	}
+	m.RateWaits.WithLabelValues(topic).Inc()
 }

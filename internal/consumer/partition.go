@@ -55,7 +55,6 @@ type partition struct {
 	busy       map[string]bool // ordering keys with a dispatch in flight
 	unstarted  int             // messages of window not started
 	running    int             // dispatches in flight
-	held       int             // route slots taken and not yet given to a dispatch
 	wantsSlot  bool            // a message could start if a slot were free
 	room       chan struct{}   // a token per message fetched and not committed
 	settled    chan settled    // dispatches' results
@@ -181,7 +180,6 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 func (p *partition) loop(work, idle context.Context, fetched <-chan kafka.Message) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	defer p.giveBackSlots()
 	for {
 		draining := idle.Err() != nil
 		var wake time.Duration
@@ -202,9 +200,9 @@ func (p *partition) loop(work, idle context.Context, fetched <-chan kafka.Messag
 		if !draining {
 			in, idleDone = fetched, idle.Done()
 		}
-		var slot chan<- struct{}
+		var slot <-chan struct{}
 		if p.wantsSlot && !draining {
-			slot = p.route.gate.slots
+			slot = p.route.gate.slots.changed()
 		}
 		var alarm <-chan time.Time
 		if wake > 0 {
@@ -217,8 +215,7 @@ func (p *partition) loop(work, idle context.Context, fetched <-chan kafka.Messag
 			p.addMore(work, fetched)
 		case s := <-p.settled:
 			p.settle(s)
-		case slot <- struct{}{}:
-			p.held++
+		case <-slot: // a slot of the route was freed: what could start is looked at again
 		case <-alarm:
 		case <-idleDone:
 		}

@@ -150,7 +150,7 @@ func (r *retrier) mayTake() (limit int, probe bool, wait time.Duration) {
 	case admitProbe:
 		return probeCandidates, true, 0
 	}
-	return min(max(cap(g.slots)-len(g.slots), 1), retryBatch), false, 0
+	return min(max(g.slots.free(), 1), retryBatch), false, 0
 }
 
 // pickProbe keeps one of taken to probe the paused route with — of a key whose failures did not
@@ -226,6 +226,12 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 	}
 	g := r.p.route.gate
 	permit, ok := g.allow()
+	if !ok && g.notYet() == 0 { // only the route's pace: wait for a token
+		var err error
+		if permit, err = g.wait(ctx, r.p.stopping); err == nil {
+			ok = true
+		}
+	}
 	if !ok {
 		r.release(ctx, m, 0, log) // the route paused since m was taken: it waits, nothing charged
 		return

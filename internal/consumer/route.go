@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/inboxworker/inboxworker/internal/inbox"
@@ -40,6 +41,9 @@ type route struct {
 
 	gate   *gate
 	policy policy
+	// owned is how many of the topic's partitions the current generation assigned this instance,
+	// for its share of the rate limit.
+	owned atomic.Int32
 
 	store          *inbox.Store
 	attemptTimeout time.Duration
@@ -60,7 +64,7 @@ func newRoute(r Route, config *Config, log *slog.Logger) (*route, error) {
 	}
 	cc := config.Circuit
 	cc.Now, cc.OnChange = nil, nil
-	g, err := newGate(r.Topic, r.Concurrency, cc, config.Metrics, log)
+	g, err := newGate(r, cc, config.Metrics, log)
 	if err != nil {
 		return nil, err
 	}
@@ -82,4 +86,10 @@ func (rt *route) inboxMessage(partition int, offset int64, key string, value []b
 		Partition:   int32(partition),
 		Offset:      offset,
 	}
+}
+
+// shareRate gives the route its share of the group's rate limit: owned of its topic's total
+// partitions.
+func (rt *route) shareRate(total int) {
+	rt.gate.pace.setShare(int(rt.owned.Load()), total)
 }

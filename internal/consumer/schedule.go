@@ -18,7 +18,6 @@ import (
 // batch smaller than that waits BatchWait after its first message's fetch for more.
 func (p *partition) schedule(work, idle context.Context) time.Duration {
 	p.wantsSlot = false
-	defer p.giveBackSlots() // a slot taken for this round and not used goes to the route's others
 	if p.guard.narrowing() {
 		return p.scheduleAlone(work)
 	}
@@ -30,7 +29,7 @@ func (p *partition) schedule(work, idle context.Context) time.Duration {
 		return routePoll // the probe starts once nothing of the partition is in flight
 	case p.unstarted == 0:
 		return 0
-	case p.held == 0 && p.route.gate.full():
+	case p.route.gate.full():
 		p.wantsSlot = true // no slot to start anything with: no need to look for what could start
 		return 0
 	}
@@ -210,20 +209,8 @@ func (p *partition) batchWait() time.Duration {
 	return 0
 }
 
-// takeSlot takes a slot of the route: one the loop took already, else a free one.
-func (p *partition) takeSlot() bool {
-	if p.held > 0 {
-		p.held--
-		return true
-	}
-	return p.route.gate.tryAcquire()
-}
-
-func (p *partition) giveBackSlots() {
-	for ; p.held > 0; p.held-- {
-		p.route.gate.release()
-	}
-}
+// takeSlot takes a free slot of the route.
+func (p *partition) takeSlot() bool { return p.route.gate.tryAcquire() }
 
 // noBarrier is crashGuard.barrier when no range is suspect.
 const noBarrier = math.MaxInt64

@@ -1,0 +1,128 @@
+package consumer
+
+import (
+	"context"
+	"sync"
+)
+
+// slots bound how many of a route's handler runs go at once, across its partitions: at most max
+// (Route.Concurrency), a batch counting once. A call route's slots start slowly: after start, after
+// a pause of the route ends and after a probe is answered, its limit is slowStart, and it grows by
+// one with each answered call up to max — doubling per round of calls, as TCP's slow start does —
+// and halves with each retryable failure, so that a provider that has just come back, or is
+// failing, is not met with a whole window of calls at once.
+type slots struct {
+	max        int
+	slowStart  int // 0: no slow start, the limit is max
+	mu         sync.Mutex
+	limit      int
+	inUse      int
+	freed      chan struct{} // closed and replaced when a slot is freed or the limit grows
+	onLimitSet func(limit int)
+}
+
+// slowStartLimit is where a call route's concurrency starts, unless its maximum is lower.
+const slowStartLimit = 4
+
+func newSlots(max int, slowStart bool, onLimitSet func(int)) *slots {
+	s := &slots{max: max, limit: max, freed: make(chan struct{}), onLimitSet: onLimitSet}
+	if slowStart {
+		s.slowStart = min(slowStartLimit, max)
+		s.limit = s.slowStart
+	}
+	s.report()
+	return s
+}
+
+// tryAcquire takes a slot if one is free under the limit.
+func (s *slots) tryAcquire() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inUse >= s.limit {
+		return false
+	}
+	s.inUse++
+	return true
+}
+
+// acquire waits for a free slot, or for ctx to be done.
+func (s *slots) acquire(ctx context.Context) error {
+	for {
+		if s.tryAcquire() {
+			return nil
+		}
+		select {
+		case <-s.changed():
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+}
+
+func (s *slots) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inUse--
+	s.signal()
+}
+
+// changed is closed when a slot is freed or the limit grows: whoever waits for a slot tries again.
+func (s *slots) changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.freed
+}
+
+// free returns how many slots are free now.
+func (s *slots) free() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return max(s.limit-s.inUse, 0)
+}
+
+// succeeded grows a slow-starting limit by one, up to max.
+func (s *slots) succeeded() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.slowStart == 0 || s.limit >= s.max {
+		return
+	}
+	s.limit++
+	s.signal()
+	s.report()
+}
+
+// failed halves a slow-starting limit, down to one.
+func (s *slots) failed() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.slowStart == 0 || s.limit == 1 {
+		return
+	}
+	s.limit = max(s.limit/2, 1)
+	s.report()
+}
+
+// restart starts the limit slowly again: the route's dependency has just come back.
+func (s *slots) restart() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.slowStart == 0 {
+		return
+	}
+	s.limit = s.slowStart
+	s.report()
+}
+
+// signal wakes whoever waits for a slot; s.mu is held.
+func (s *slots) signal() {
+	close(s.freed)
+	s.freed = make(chan struct{})
+}
+
+// report tells onLimitSet the limit; s.mu is held.
+func (s *slots) report() {
+	if s.onLimitSet != nil {
+		s.onLimitSet(s.limit)
+	}
+}

@@ -1,0 +1,101 @@
+package consumer
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+)
+
+// TestSlotsSlowStart: a call route's slots start at 4, grow by one with each answered run up to
+// the route's concurrency, halve with each failure, and start slowly again after a pause; a
+// database route's are all there from the start.
+func TestSlotsSlowStart(t *testing.T) {
+	t.Parallel()
+	var limits []int
+	s := newSlots(10, true, func(limit int) { limits = append(limits, limit) })
+	take := func() int {
+		n := 0
+		for s.tryAcquire() {
+			n++
+		}
+		for range n {
+			s.release()
+		}
+		return n
+	}
+	if n := take(); n != 4 {
+		t.Fatalf("%d slots at start, want 4", n)
+	}
+	for range 20 {
+		s.succeeded()
+	}
+	if n := take(); n != 10 {
+		t.Errorf("%d slots after 20 answers, want the route's 10", n)
+	}
+	s.failed()
+	s.failed()
+	if n := take(); n != 2 {
+		t.Errorf("%d slots after two failures, want 10 halved twice, 2", n)
+	}
+	for range 5 {
+		s.failed()
+	}
+	if n := take(); n != 1 {
+		t.Errorf("%d slots after more failures, want at least 1", n)
+	}
+	s.restart()
+	if n := take(); n != 4 {
+		t.Errorf("%d slots after a restart, want 4", n)
+	}
+	if limits[0] != 4 || limits[len(limits)-1] != 4 {
+		t.Errorf("limits reported %v, want from 4 to 4", limits)
+	}
+
+	db := newSlots(3, false, nil)
+	db.failed()
+	if n := 0; true {
+		for db.tryAcquire() {
+			n++
+		}
+		if n != 3 {
+			t.Errorf("a database route has %d slots, want all 3 whatever fails", n)
+		}
+	}
+}
+
+// TestSlotsAcquire: a run waiting for a slot gets the one freed, or the one a grown limit adds.
+func TestSlotsAcquire(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		s := newSlots(2, true, nil)
+		s.slowStart, s.limit = 1, 1
+		if !s.tryAcquire() {
+			t.Fatal("no first slot")
+		}
+		got := make(chan error, 2)
+		go func() { got <- s.acquire(context.Background()) }()
+		synctest.Wait()
+		select {
+		case <-got:
+			t.Fatal("acquired a slot beyond the limit")
+		default:
+		}
+		s.succeeded() // the limit grows to 2: the waiter gets it
+		synctest.Wait()
+		if err := <-got; err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { got <- s.acquire(ctx) }()
+		synctest.Wait()
+		cancel()
+		if err := <-got; err == nil {
+			t.Fatal("acquire returned a slot after its context ended with none free")
+		}
+		s.release()
+		go func() { got <- s.acquire(context.Background()) }()
+		if err := <-got; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
