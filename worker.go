@@ -66,6 +66,10 @@ type Config struct {
 	// LagInterval is how often the lag of every partition of the routes' topics is read. Defaults
 	// to 5s.
 	LagInterval time.Duration
+	// CommitFailureTimeout is how long offset commits may fail, none succeeding, before the worker
+	// says it is not ready (Ready): the broker refuses them, and every message since the last commit
+	// will be delivered again. Defaults to 1m.
+	CommitFailureTimeout time.Duration
 	// EventTopics are the topics the handlers emit events to (Emit): when set, the worker runs the
 	// outbox's relay, which publishes the committed events — one instance of the group at a time,
 	// under a lease in Postgres. Leave it empty when Debezium relays the outbox table.
@@ -142,17 +146,18 @@ func New(config Config) (*Worker, error) {
 		DLQSuffix:      config.DLQSuffix,
 		Retry: consumer.Retry{InitialInterval: config.Retry.InitialInterval,
 			MaxInterval: config.Retry.MaxInterval, MaxElapsed: config.Retry.MaxElapsed},
-		Ordering:        consumer.Ordering(config.Ordering),
-		ParkAfter:       config.ParkAfter,
-		MaxInFlight:     config.MaxInFlight,
-		BatchSize:       config.BatchSize,
-		BatchWait:       config.BatchWait,
-		ShutdownTimeout: config.ShutdownTimeout,
-		LagInterval:     config.LagInterval,
-		Store:           store,
-		DeadLetters:     deadletter.NewStore(config.Pool),
-		Metrics:         metrics,
-		Logger:          logger,
+		Ordering:             consumer.Ordering(config.Ordering),
+		ParkAfter:            config.ParkAfter,
+		MaxInFlight:          config.MaxInFlight,
+		BatchSize:            config.BatchSize,
+		BatchWait:            config.BatchWait,
+		ShutdownTimeout:      config.ShutdownTimeout,
+		LagInterval:          config.LagInterval,
+		CommitFailureTimeout: config.CommitFailureTimeout,
+		Store:                store,
+		DeadLetters:          deadletter.NewStore(config.Pool),
+		Metrics:              metrics,
+		Logger:               logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("inboxworker: %s", strings.TrimPrefix(err.Error(), "consumer: "))
@@ -191,8 +196,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	return w.consumer.Run(ctx)
 }
 
-// Ready reports whether the worker is a member of its group, with its partitions assigned.
-func (w *Worker) Ready() bool { return w.consumer.Ready() }
+// Ready says whether the worker is ready, nil when it is: a member of its group with its
+// partitions assigned, its offset commits going through (Config.CommitFailureTimeout); else why not.
+func (w *Worker) Ready() error { return w.consumer.NotReady() }
 
 // Migrate applies the pending migrations of the worker's tables (the inbox, its leases, its park,
 // dead letters, and those of the bundled routes) to the database of pool, in the schema of its

@@ -37,7 +37,6 @@ const (
 // for OFFSET_COMMIT_FAILURE_TIMEOUT without a success, answers /readyz with 503 — not before; once
 // the broker takes commits again, it commits what it applied meanwhile and is ready again.
 func TestRefusedOffsetCommit(t *testing.T) {
-	t.Skip("needs the consumer's commit-failure reporting")
 	t.Parallel()
 	ctx := context.Background()
 	cluster := kafkatest.StartKafka41(t, 1, topicPayments, topicSMS, topicPayments+".dlq", topicSMS+".dlq")

@@ -45,6 +45,8 @@ type Config struct {
 
 	// LagInterval is how often the consumer_lag metric is refreshed. Defaults to 5s.
 	LagInterval time.Duration
+	// CommitFailureTimeout is how long offset commits may fail before /readyz says 503.
+	CommitFailureTimeout time.Duration
 
 	HTTPAddr        string
 	ShutdownTimeout time.Duration
@@ -154,6 +156,10 @@ var settings = []*setting{
 		Usage: "how often the consumer_lag metric is refreshed",
 		Bound: envflag.Durations(100*time.Millisecond, 10*time.Minute),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.LagInterval, v) }},
+	{Env: "OFFSET_COMMIT_FAILURE_TIMEOUT", Flag: "offset-commit-failure-timeout", Default: "1m", Meta: "DURATION",
+		Use: useWorker, Usage: "how long offset commits may fail, none succeeding, before /readyz answers 503",
+		Bound: envflag.Durations(time.Second, time.Hour),
+		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.CommitFailureTimeout, v) }},
 	{Env: "ORDERING", Flag: "ordering", Default: "key", Meta: "MODE", Use: useWorker,
 		Usage: "which messages of a partition run one after another: those of one Kafka key (key), or all (partition)",
 		Set: func(c *Config, v string) error {

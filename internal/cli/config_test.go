@@ -197,7 +197,8 @@ var contractDefaults = map[string]string{
 	"MAX_IN_FLIGHT":                  "256",
 	"PAYMENTS_CONCURRENCY":           "4",
 	"SMS_CONCURRENCY":                "128",
-	"SMS_RATE_LIMIT":                 "", // none
+	"OFFSET_COMMIT_FAILURE_TIMEOUT":  "1m", // how long failing commits are borne before /readyz says 503
+	"SMS_RATE_LIMIT":                 "",   // none
 	"TOPIC_PAYMENT_EVENTS":           "payments.events",
 	"INBOX_RETENTION_PAYMENT_EVENTS": "",
 	"PAYMENT_EVENTS_CONCURRENCY":     "4",
@@ -237,7 +238,7 @@ func TestDefaults(t *testing.T) {
 		OutboxRetention:      24 * time.Hour,
 		DLQSuffix:            ".dlq",
 		RetryInitialInterval: 200 * time.Millisecond, RetryMaxInterval: 30 * time.Second, RetryMaxElapsed: 5 * time.Minute, RetryParkAfter: 5 * time.Second,
-		BatchSize: 256, BatchWait: 5 * time.Millisecond, LagInterval: 5 * time.Second,
+		BatchSize: 256, BatchWait: 5 * time.Millisecond, LagInterval: 5 * time.Second, CommitFailureTimeout: time.Minute,
 		Ordering: "key", MaxInFlight: 256,
 		HTTPAddr: ":8080", ShutdownTimeout: 30 * time.Second, StartupTimeout: 15 * time.Second,
 		LogLevel: slog.LevelInfo, LogFormat: "json", LogOutcomes: true, DevKafkaAddr: "127.0.0.1:9092",

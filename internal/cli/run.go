@@ -187,17 +187,18 @@ func (w *worker) workerConfig(routes []inboxworker.Route, mechanism sasl.Mechani
 			MaxInterval:     cfg.RetryMaxInterval,
 			MaxElapsed:      cfg.RetryMaxElapsed,
 		},
-		ParkAfter:       cfg.RetryParkAfter,
-		Ordering:        ordering(cfg.Ordering),
-		MaxInFlight:     cfg.MaxInFlight,
-		BatchSize:       cfg.BatchSize,
-		BatchWait:       cfg.BatchWait,
-		ShutdownTimeout: drainTimeout(cfg.ShutdownTimeout),
-		LagInterval:     cfg.LagInterval,
-		EventTopics:     cfg.emittedTopics(),
-		OutboxRetention: cfg.OutboxRetention,
-		Registerer:      registerer,
-		Logger:          w.logger,
+		ParkAfter:            cfg.RetryParkAfter,
+		Ordering:             ordering(cfg.Ordering),
+		MaxInFlight:          cfg.MaxInFlight,
+		BatchSize:            cfg.BatchSize,
+		BatchWait:            cfg.BatchWait,
+		ShutdownTimeout:      drainTimeout(cfg.ShutdownTimeout),
+		LagInterval:          cfg.LagInterval,
+		CommitFailureTimeout: cfg.CommitFailureTimeout,
+		EventTopics:          cfg.emittedTopics(),
+		OutboxRetention:      cfg.OutboxRetention,
+		Registerer:           registerer,
+		Logger:               w.logger,
 	}
 }
 
@@ -260,13 +261,14 @@ func providerSender(cfg *Config, tracer *tracing.Tracer) (*notify.HTTPSender, *s
 	return sender, nil
 }
 
-// ready is /readyz: Postgres answers and the consumer has joined its group.
+// ready is /readyz: Postgres answers, the consumer has joined its group and its offset commits go
+// through.
 func (w *worker) ready(ctx context.Context) error {
 	if err := w.pool.Ping(ctx); err != nil {
 		return errors.New("postgres: not answering")
 	}
-	if !w.worker.Ready() {
-		return errors.New("kafka: not joined to the consumer group yet")
+	if err := w.worker.Ready(); err != nil {
+		return fmt.Errorf("kafka: %w", err)
 	}
 	return nil
 }

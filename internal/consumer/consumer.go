@@ -206,6 +206,10 @@ type Config struct {
 	// ShutdownTimeout is how long Run lets in-flight messages finish once its context is cancelled;
 	// then their work is cancelled and rolled back. Defaults to 30s.
 	ShutdownTimeout time.Duration
+	// CommitFailureTimeout is how long offset commits may fail, none succeeding, before Ready
+	// reports false: the broker refuses them (not authorised, a version it no longer serves), and
+	// every message since the last commit will be delivered again. Defaults to 1m.
+	CommitFailureTimeout time.Duration
 	// LagInterval is how often the consumer_lag and consumer_stalled_seconds metrics of every
 	// partition of the routes' topics are refreshed. Defaults to 5s.
 	LagInterval time.Duration
@@ -260,6 +264,7 @@ type Consumer struct {
 
 	started atomic.Bool
 	ready   atomic.Bool
+	commits commitHealth
 
 	// beforeOffsetCommit, when set (by tests only, before Run), runs before each offset commit.
 	beforeOffsetCommit func(topic string, partition int, offset int64)
@@ -288,6 +293,7 @@ func New(config Config) (*Consumer, error) {
 	config.BatchWait = cmp.Or(config.BatchWait, 5*time.Millisecond)
 	config.ShutdownTimeout = cmp.Or(config.ShutdownTimeout, 30*time.Second)
 	config.LagInterval = cmp.Or(config.LagInterval, 5*time.Second)
+	config.CommitFailureTimeout = cmp.Or(config.CommitFailureTimeout, time.Minute)
 	config.ParkStatsInterval = cmp.Or(config.ParkStatsInterval, 5*time.Second)
 	config.Logger = cmp.Or(config.Logger, slog.Default())
 	config.Routes = append([]Route(nil), config.Routes...) // the caller's slice may change later
@@ -303,6 +309,7 @@ func New(config Config) (*Consumer, error) {
 		config:  config,
 		routes:  make(map[string]*route, len(config.Routes)),
 		log:     config.Logger.With("group", config.GroupID),
+		commits: commitHealth{timeout: config.CommitFailureTimeout},
 		metrics: config.Metrics,
 		dialer: &kafka.Dialer{
 			ClientID:      config.ClientID,
@@ -372,6 +379,7 @@ func (config *Config) validate() error {
 		{"BatchWait", config.BatchWait},
 		{"ShutdownTimeout", config.ShutdownTimeout},
 		{"LagInterval", config.LagInterval},
+		{"CommitFailureTimeout", config.CommitFailureTimeout},
 		{"ParkStatsInterval", config.ParkStatsInterval},
 	}
 	for _, p := range positive {
@@ -411,8 +419,21 @@ func (config *Config) validate() error {
 	return nil
 }
 
-// Ready reports whether the consumer is a member of its group, with its partitions assigned.
-func (c *Consumer) Ready() bool { return c.ready.Load() }
+// Ready reports whether the consumer is a member of its group, with its partitions assigned, and
+// its offset commits go through: commits that have failed for Config.CommitFailureTimeout, none
+// succeeding, make it not ready.
+func (c *Consumer) Ready() bool { return c.NotReady() == nil }
+
+// NotReady says why the consumer is not ready; nil when it is.
+func (c *Consumer) NotReady() error {
+	switch {
+	case !c.ready.Load():
+		return errors.New("not joined to the consumer group yet")
+	case c.commits.failing():
+		return fmt.Errorf("offset commits have failed for %s, none succeeding", c.config.CommitFailureTimeout)
+	}
+	return nil
+}
 
 // Run consumes until ctx is cancelled. Then it stops fetching, lets in-flight messages finish within
 // Config.ShutdownTimeout (after which their work is cancelled with cause ErrStopped and rolled back),

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -271,4 +273,53 @@ func testOffsetCommitFails(t *testing.T, mode testMode) {
 	if got := outcomes(second, "duplicate"); got != 1 {
 		t.Errorf("the second consumer counted %v duplicates, want 1: the redelivery of the uncommitted message", got)
 	}
+}
+
+// TestOffsetCommitRecovers: commits refused for a while make the consumer not ready; once the
+// broker takes them again, the consumer commits what it finished meanwhile though nothing more
+// arrives, and is ready again.
+func TestOffsetCommitRecovers(t *testing.T) {
+	t.Parallel()
+	e := setup(t, testMode{consumer.PerMessage, consumer.ByKey}, 1)
+	var refuse atomic.Bool
+	refuse.Store(true)
+	e.kafka.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.kafka.KeepControl()
+		if !refuse.Load() {
+			return nil, nil, false
+		}
+		commit := req.(*kmsg.OffsetCommitRequest)
+		resp := commit.ResponseKind().(*kmsg.OffsetCommitResponse)
+		for _, topic := range commit.Topics {
+			rt := kmsg.NewOffsetCommitResponseTopic()
+			rt.Topic = topic.Topic
+			for _, p := range topic.Partitions {
+				rp := kmsg.NewOffsetCommitResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = p.Partition, 30 // GROUP_AUTHORIZATION_FAILED
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
+	config := e.config(&recorder{})
+	config.CommitFailureTimeout = 500 * time.Millisecond
+	c, _ := e.start(config)
+	e.produce(keys("c", 5)...)
+	e.waitFor("the commits failing", func() bool {
+		return testutil.ToFloat64(config.Metrics.CommitFailures.WithLabelValues(topic)) >= 1
+	})
+	e.waitFor("the consumer not ready", func() bool { return !c.Ready() })
+	if err := c.NotReady(); err == nil || !strings.Contains(err.Error(), "offset commits have failed") {
+		t.Errorf("NotReady = %v, want the failing commits", err)
+	}
+	if !slices.ContainsFunc(e.logs.All(), func(r testlog.Record) bool {
+		return r.Message == "cannot commit the offset; messages from the last commit on will be delivered again" &&
+			strings.Contains(r.Attrs["error"].String(), "Group Authorization Failed")
+	}) {
+		t.Error("no log of the failed commit naming the broker's error")
+	}
+	refuse.Store(false)
+	e.waitFor("the offsets committed", func() bool { return e.committed() == 5 })
+	e.waitFor("the consumer ready again", c.Ready)
 }

@@ -24,6 +24,8 @@ type Metrics struct {
 	Oldest *prometheus.GaugeVec   // inboxworker_parked_oldest_seconds{topic}
 	Paused *prometheus.GaugeVec   // inboxworker_route_paused{topic,reason}
 	Pauses *prometheus.CounterVec // inboxworker_route_pauses_total{topic,reason}
+	// CommitFailures counts the offset commits that failed (see commit.go).
+	CommitFailures *prometheus.CounterVec // inboxworker_offset_commit_failures_total{topic}
 	// The route gates' slots and pace (see gate.go).
 	ConcurrencyLimit *prometheus.GaugeVec   // inboxworker_route_concurrency_limit{topic}
 	RateLimit        *prometheus.GaugeVec   // inboxworker_route_rate_limit{topic}
@@ -98,7 +100,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "inboxworker_route_rate_waits_total",
 		Help: "Attempts of the topic's route that waited for its rate limit before they started.",
 	}, []string{"topic"})
-	reg.MustRegister(m.ConcurrencyLimit, m.RateLimit, m.RateWaits)
+	m.CommitFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "inboxworker_offset_commit_failures_total",
+		Help: "Offset commits of the topic's partitions that failed (the broker refused them, or the connection closed): messages since the last commit will be delivered again.",
+	}, []string{"topic"})
+	reg.MustRegister(m.ConcurrencyLimit, m.RateLimit, m.RateWaits, m.CommitFailures)
 	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag, m.Stalled, m.DeadLettersStored,
 		m.Parked, m.Oldest, m.Paused, m.Pauses, m.Owner, m.Assigned)
 	return m
@@ -124,6 +130,7 @@ func (m *Metrics) initSeries(topics []string) {
 		m.DeadLettersStored.WithLabelValues(topic)
 		m.Parked.WithLabelValues(topic)
 		m.Oldest.WithLabelValues(topic)
+		m.CommitFailures.WithLabelValues(topic)
 		m.ConcurrencyLimit.WithLabelValues(topic)
 		m.RateLimit.WithLabelValues(topic)
 		m.RateWaits.WithLabelValues(topic)
@@ -272,4 +279,12 @@ func (m *Metrics) waitedForRate(topic string) {
 		return
 	}
 	m.RateWaits.WithLabelValues(topic).Inc()
+}
+
+// commitFailed counts a failed offset commit of topic.
+func (m *Metrics) commitFailed(topic string) {
+	if m == nil {
+		return
+	}
+	m.CommitFailures.WithLabelValues(topic).Inc()
 }

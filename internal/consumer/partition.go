@@ -60,7 +60,10 @@ type partition struct {
 	settled    chan settled    // dispatches' results
 	committed  int64           // the offset committed last, else the first fetched; -1 before that
 	lastCommit time.Time
-	guard      crashGuard
+	// failedCommit is the offset of the last commit that failed: committed again while nothing
+	// newer is.
+	failedCommit int64
+	guard        crashGuard
 }
 
 // entry is one fetched message, from its fetch to the commit that covers it.
@@ -94,17 +97,18 @@ type settled struct {
 
 func (c *Consumer) newPartition(route *route, a kafka.PartitionAssignment, gen *kafka.Generation) *partition {
 	p := &partition{
-		c:         c,
-		route:     route,
-		topic:     route.Topic,
-		id:        a.ID,
-		gen:       gen,
-		offset:    a.Offset,
-		log:       c.log.With("topic", route.Topic, "partition", a.ID, "generation", gen.ID),
-		busy:      make(map[string]bool),
-		room:      make(chan struct{}, c.config.MaxInFlight),
-		settled:   make(chan settled, c.config.MaxInFlight),
-		committed: -1,
+		c:            c,
+		route:        route,
+		topic:        route.Topic,
+		id:           a.ID,
+		gen:          gen,
+		offset:       a.Offset,
+		log:          c.log.With("topic", route.Topic, "partition", a.ID, "generation", gen.ID),
+		busy:         make(map[string]bool),
+		room:         make(chan struct{}, c.config.MaxInFlight),
+		settled:      make(chan settled, c.config.MaxInFlight),
+		committed:    -1,
+		failedCommit: -1,
 	}
 	p.guard = newCrashGuard(p)
 	return p
@@ -186,10 +190,11 @@ func (p *partition) loop(work, idle context.Context, fetched <-chan kafka.Messag
 		if !draining {
 			wake = p.schedule(work, idle)
 		}
-		if due, wait := p.commitDue(draining); due {
+		if due, _ := p.commitDue(draining); due {
 			p.commit()
-		} else if wait > 0 && (wake == 0 || wait < wake) {
-			wake = wait
+		}
+		if _, wait := p.commitDue(draining); wait > 0 && (wake == 0 || wait < wake) {
+			wake = wait // the next commit, or a failed one's retry
 		}
 		if draining && p.running == 0 {
 			return
@@ -304,56 +309,6 @@ func (p *partition) settle(s settled) {
 		// A message of a range a run died in: its offset is committed before the next starts, so
 		// that the next owner does not count this start against it.
 		p.commit()
-	}
-}
-
-// commitDue says whether the offset is to be committed now, or else how long until it will be.
-func (p *partition) commitDue(draining bool) (bool, time.Duration) {
-	if p.finished == 0 {
-		return false, 0
-	}
-	if draining || p.finished == len(p.window) {
-		return true, 0
-	}
-	since := time.Since(p.lastCommit)
-	if since >= commitInterval {
-		return true, 0
-	}
-	return false, commitInterval - since
-}
-
-// commit commits the offset after the highest contiguous finished message, in the generation that
-// assigned the partition, and drops the finished messages from the window. A commit that fails is
-// not retried: the next commit covers it, and if none comes the messages since the last commit are
-// delivered again and found in the inbox.
-func (p *partition) commit() {
-	if p.finished == 0 {
-		return
-	}
-	offset := p.window[p.finished-1].msg.Offset + 1
-	n := p.finished
-	clear(p.window[:n])
-	p.window = p.window[n:]
-	p.finished = 0
-	p.lastCommit = time.Now()
-	defer func() {
-		for range n {
-			<-p.room // the fetcher may fetch as many more
-		}
-	}()
-	if hook := p.c.beforeOffsetCommit; hook != nil {
-		hook(p.topic, p.id, offset)
-	}
-	err := p.gen.CommitOffsets(map[string]map[int]int64{p.topic: {p.id: offset}})
-	if err != nil {
-		p.log.Warn("cannot commit the offset; messages from the last commit on will be delivered again",
-			"offset", offset, "error", err)
-		return
-	}
-	p.committed = offset
-	p.log.Debug("committed the offset", "offset", offset)
-	if o := p.c.config.Observer; o != nil {
-		o.Committed(p.topic, p.id, offset)
 	}
 }
 

@@ -151,6 +151,9 @@ func (c *Cluster) CommittedOffset(tb testing.TB, group, topic string, partition 
 	if err == nil && resp.Error != nil {
 		err = resp.Error
 	}
+	if errors.Is(err, kafka.GroupIdNotFound) {
+		return -1 // the group has not joined yet
+	}
 	if err != nil {
 		tb.Fatalf("kafkatest: committed offset of %s in %s/%d: %v", group, topic, partition, err)
 	}
