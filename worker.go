@@ -14,11 +14,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go/sasl"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/outbox"
+	"github.com/inboxworker/inboxworker/internal/tracing"
 	"github.com/inboxworker/inboxworker/migrations"
 )
 
@@ -79,6 +81,11 @@ type Config struct {
 	// Registerer, when set, gets the worker's Prometheus metrics (inboxworker_*), every series at 0
 	// from the start.
 	Registerer prometheus.Registerer
+	// TracerProvider, when set, gets the worker's OpenTelemetry spans: a consumer span per message,
+	// child of the traceparent in its headers; one per batch transaction, linked to its messages';
+	// a client span per inbox transaction. A dead letter carries its message's trace context.
+	// Kafka keys are not recorded: they are often personal data. Defaults to none.
+	TracerProvider trace.TracerProvider
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -157,6 +164,7 @@ func New(config Config) (*Worker, error) {
 		Store:                store,
 		DeadLetters:          deadletter.NewStore(config.Pool),
 		Metrics:              metrics,
+		Tracer:               tracing.New(config.TracerProvider),
 		Logger:               logger,
 	})
 	if err != nil {

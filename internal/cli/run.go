@@ -198,6 +198,7 @@ func (w *worker) workerConfig(routes []inboxworker.Route, mechanism sasl.Mechani
 		EventTopics:          cfg.emittedTopics(),
 		OutboxRetention:      cfg.OutboxRetention,
 		Registerer:           registerer,
+		TracerProvider:       w.tracer.Provider(),
 		Logger:               w.logger,
 	}
 }

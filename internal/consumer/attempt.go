@@ -110,6 +110,8 @@ func (a attempt) delivery(i int) inbox.Delivery {
 
 // apply runs a Handler on a's one message, with its inbox row, in one transaction.
 func (rt *route) apply(ctx context.Context, a attempt, r *result) ([]inbox.Outcome, error) {
+	ctx, span := rt.tracer.StartTransaction(ctx, rt.Name)
+	defer span.End()
 	outcome, err := rt.store.Process(ctx, a.units[0].msg, func(ctx context.Context, tx pgx.Tx) (err error) {
 		r.ran[0] = 1
 		defer recoverHandler(ctx, a.log, &err)
@@ -121,6 +123,8 @@ func (rt *route) apply(ctx context.Context, a attempt, r *result) ([]inbox.Outco
 // applyParked runs a Handler on a's parked message, with its inbox row and its removal from the
 // park, in one transaction.
 func (rt *route) applyParked(ctx context.Context, a attempt, r *result) ([]inbox.Outcome, error) {
+	ctx, span := rt.tracer.StartTransaction(ctx, rt.Name)
+	defer span.End()
 	outcome, err := rt.store.Park().Process(ctx, *a.parked, func(ctx context.Context, tx pgx.Tx) (err error) {
 		r.ran[0] = 1
 		defer recoverHandler(ctx, a.log, &err)
@@ -132,6 +136,8 @@ func (rt *route) applyParked(ctx context.Context, a attempt, r *result) ([]inbox
 // applyBatch runs a BatchHandler on a's messages, with their inbox rows, in one transaction. A
 // panic of HandleBatch is no one message's failure.
 func (rt *route) applyBatch(ctx context.Context, a attempt, r *result) ([]inbox.Outcome, error) {
+	ctx, span := rt.tracer.StartTransaction(ctx, rt.Name)
+	defer span.End()
 	var claimed []int
 	panicked := false
 	msgs := make([]inbox.Message, len(a.units))
@@ -186,6 +192,8 @@ func (rt *route) call(ctx context.Context, a attempt, r *result) ([]inbox.Outcom
 	outcome, err := rt.store.ProcessCall(ctx, a.units[0].msg, inbox.Call{
 		Lease: rt.CallLease,
 		Check: func(ctx context.Context, tx pgx.Tx) (err error) {
+			ctx, span := rt.tracer.StartTransaction(ctx, rt.Name)
+			defer span.End()
 			defer recoverHandler(ctx, a.log, &err)
 			return rt.Call.Check(ctx, tx, d)
 		},
@@ -199,6 +207,8 @@ func (rt *route) call(ctx context.Context, a attempt, r *result) ([]inbox.Outcom
 				return nil, err
 			}
 			return func(ctx context.Context, tx pgx.Tx) (err error) {
+				ctx, span := rt.tracer.StartTransaction(ctx, rt.Name)
+				defer span.End()
 				defer recoverHandler(ctx, a.log, &err)
 				if unpark != nil {
 					if err := unpark(ctx, tx); err != nil {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/tracing"
 )
 
 // applyBatch applies a batch's messages (Config.Transactions PerBatch) in as few transactions as it
@@ -35,7 +36,7 @@ func (p *partition) applyBatch(ctx context.Context, batch []*entry) int {
 			return done
 		}
 		if batch[done].keyErr != nil || p.keyParked(batch[done]) {
-			if p.applyMessage(ctx, batch[done], carried{}) != nil {
+			if p.applyMessage(batch[done].ctx, batch[done], carried{}) != nil {
 				return done
 			}
 			done++
@@ -114,7 +115,7 @@ func (p *partition) applyRun(ctx context.Context, msgs []*entry, hs []history) b
 		one.ran[0] = 0 // counted in hs already
 		c.first = &one
 	}
-	if p.applyMessage(ctx, msgs[t], c) != nil {
+	if p.applyMessage(msgs[t].ctx, msgs[t], c) != nil {
 		return batchProgress{finished: t, abandoned: true}
 	}
 	return batchProgress{finished: t + 1}
@@ -123,7 +124,7 @@ func (p *partition) applyRun(ctx context.Context, msgs []*entry, hs []history) b
 // applyEach takes msgs, which ran in batches that failed, through the per-message path.
 func (p *partition) applyEach(ctx context.Context, msgs []*entry, hs []history, began time.Time) batchProgress {
 	for i, e := range msgs {
-		if p.isStopping() || p.applyMessage(ctx, e, carried{h: hs[i], began: began}) != nil {
+		if p.isStopping() || p.applyMessage(e.ctx, e, carried{h: hs[i], began: began}) != nil {
 			return batchProgress{finished: i, abandoned: true}
 		}
 	}
@@ -140,7 +141,16 @@ func (p *partition) transact(ctx context.Context, msgs []*entry, hs []history) r
 	for i, e := range msgs {
 		a.units[i] = p.unitOf(e, hs[i].attempts+1)
 	}
+	ctx, span := p.c.config.Tracer.StartBatch(ctx, tracing.Batch{Group: p.c.config.GroupID, Topic: p.topic,
+		Partition: p.id, Messages: len(msgs)})
+	for _, e := range msgs {
+		span.Link(e.span)
+	}
 	r := p.route.run(ctx, a)
+	if r.err != nil {
+		span.Fail("batch_failed", r.err)
+	}
+	span.End()
 	for i := range hs {
 		hs[i].attempts += r.ran[i]
 	}
@@ -159,14 +169,17 @@ func (p *partition) settleRun(ctx context.Context, msgs []*entry, hs []history, 
 		case inbox.KeyReused:
 			log := p.log.With("offset", e.msg.Offset, "key", e.key)
 			d := decision{action: deadLetter, reason: fault.IdempotencyKeyReused, err: errKeyReused}
-			if p.deadLetter(ctx, e.msg, failureOf(d, hs[i], e.key), log) != nil {
+			f := failureOf(d, hs[i], e.key)
+			if p.deadLetter(e.ctx, e.msg, f, log) != nil {
 				return batchProgress{finished: i, abandoned: true}
 			}
 			outcome = outcomeDeadLettered
+			e.span.Fail(string(f.reason), f.err)
 		case inbox.Duplicate:
 			p.log.InfoContext(ctx, "skipped a duplicate: its idempotency key is recorded already",
 				"offset", e.msg.Offset, "key", e.key)
 		}
+		e.span.SetOutcome(outcome)
 		counts[r.outcomes[i]]++
 		p.c.metrics.finished(p.topic, outcome, time.Since(began))
 	}

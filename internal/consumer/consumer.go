@@ -46,6 +46,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/tracing"
 )
 
 // Transactions says how many messages share a transaction.
@@ -225,6 +226,9 @@ type Config struct {
 	Metrics *Metrics
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Tracer records a span per message, per batch transaction and per inbox transaction, and
+	// puts the message's trace context in its dead letter. Defaults to none.
+	Tracer *tracing.Tracer
 	// Observer, when set, is told of every fetch and offset commit. It is for measurement; nil in
 	// production.
 	Observer Observer

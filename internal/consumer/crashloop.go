@@ -219,6 +219,8 @@ func (p *partition) deadLetterCrashLoop(ctx context.Context, e *entry, starts in
 	if err := p.deadLetter(ctx, e.msg, failure{reason: fault.CrashLoop, err: err, attempts: starts}, log); err != nil {
 		return err
 	}
+	e.span.Fail(string(fault.CrashLoop), err)
+	e.span.SetOutcome(outcomeDeadLettered)
 	p.c.metrics.count(p.topic, outcomeDeadLettered)
 	return nil
 }

@@ -56,7 +56,7 @@ func (p *partition) deadLetter(ctx context.Context, m kafka.Message, f failure, 
 		Topic:   p.topic + p.c.config.DLQSuffix,
 		Key:     m.Key,
 		Value:   m.Value,
-		Headers: letter.Headers(m.Headers),
+		Headers: p.c.config.Tracer.Inject(ctx, letter.Headers(m.Headers)),
 	}
 	for waits := 1; ; waits++ {
 		err := p.c.dlq.WriteMessages(ctx, dlq)

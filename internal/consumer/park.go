@@ -149,6 +149,7 @@ func (p *partition) park(ctx context.Context, e *entry, h history, d decision, l
 		attrs = append(attrs, "error", h.last)
 	}
 	log.InfoContext(ctx, "parked the message", attrs...)
+	e.span.SetOutcome("parked")
 	p.retrier.wake()
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/tracing"
 )
 
 // errStopping is the cause of the end of fetching and waiting once Run's context is cancelled.
@@ -76,6 +77,9 @@ type entry struct {
 	fetched time.Time
 	started bool
 	done    bool
+	// ctx and span are the message's span and a context holding it, from the start of its dispatch.
+	ctx  context.Context
+	span tracing.Span
 }
 
 // dispatch is what schedule starts at once: one message, or a batch applied in one transaction.

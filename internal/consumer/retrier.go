@@ -12,6 +12,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/tracing"
 )
 
 // retrier retries the parked messages of one partition, for the generation that owns it: the due
@@ -219,8 +220,14 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 		r.settleFailed(ctx, "begin a retry of the parked message", err, log)
 		return
 	}
+	ctx, span := r.p.c.config.Tracer.StartMessage(ctx, tracing.Message{Group: r.p.c.config.GroupID,
+		Topic: r.p.topic, Partition: r.p.id, Offset: m.Offset, IdempotencyKey: m.IdempotencyKey,
+		Headers: fromParked(m).Headers})
+	defer span.End()
 	if starts > crashLoopStarts {
 		err := fmt.Errorf("the worker died %d times in a row while retrying this parked message", starts-1)
+		span.Fail(string(fault.CrashLoop), err)
+		span.SetOutcome(outcomeDeadLettered)
 		r.deadLetterAndRemove(ctx, m, failure{reason: fault.CrashLoop, err: err, attempts: m.Attempts}, log)
 		return
 	}
@@ -256,10 +263,15 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 	}
 	switch d.action {
 	case finish:
+		span.SetOutcome(string(d.outcome))
 		r.leave(ctx, m, string(d.outcome), h.attempts, log)
 	case deadLetter:
-		r.deadLetterAndRemove(ctx, m, failureOf(d, h, m.IdempotencyKey), log)
+		f := failureOf(d, h, m.IdempotencyKey)
+		span.Fail(string(f.reason), f.err)
+		span.SetOutcome(outcomeDeadLettered)
+		r.deadLetterAndRemove(ctx, m, f, log)
 	default:
+		span.SetOutcome("parked")
 		r.reschedule(ctx, m, res, d, h, log)
 	}
 }

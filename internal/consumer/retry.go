@@ -10,6 +10,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/tracing"
 )
 
 // failure is a message's final failure: the message is dead-lettered with reason.
@@ -22,16 +23,27 @@ type failure struct {
 // apply takes a dispatch's messages to a finished state — applied, a duplicate, dead-lettered or
 // parked — and says how many finished, in offset order. It runs on the dispatch's own goroutine.
 func (p *partition) apply(ctx context.Context, d *dispatch) settled {
+	for _, e := range d.entries {
+		// The Kafka key is not recorded: it is often personal data (an SMS event's phone number).
+		e.ctx, e.span = p.c.config.Tracer.StartMessage(ctx, tracing.Message{Group: p.c.config.GroupID,
+			Topic: p.topic, Partition: p.id, Offset: e.msg.Offset, IdempotencyKey: e.key,
+			Headers: e.msg.Headers})
+	}
+	defer func() {
+		for _, e := range d.entries {
+			e.span.End()
+		}
+	}()
 	e := d.entries[0]
 	switch {
 	case d.starts > crashLoopStarts:
-		if p.deadLetterCrashLoop(ctx, e, d.starts-1) != nil {
+		if p.deadLetterCrashLoop(e.ctx, e, d.starts-1) != nil {
 			return settled{d: d} // the count stays: the next owner dead-letters it without running it
 		}
 		return settled{d: d, finished: 1}
 	case d.batch:
 		return settled{d: d, finished: p.applyBatch(ctx, d.entries)}
-	case p.applyMessage(ctx, e, carried{}) != nil:
+	case p.applyMessage(e.ctx, e, carried{}) != nil:
 		return settled{d: d}
 	}
 	return settled{d: d, finished: 1}
@@ -131,11 +143,14 @@ func (p *partition) unitOf(e *entry, number int) unit {
 func (p *partition) finish(ctx context.Context, e *entry, d decision, h history, began time.Time, log *slog.Logger) error {
 	outcome := string(d.outcome)
 	if d.action == deadLetter {
-		if err := p.deadLetter(ctx, e.msg, failureOf(d, h, e.key), log); err != nil {
+		f := failureOf(d, h, e.key)
+		if err := p.deadLetter(ctx, e.msg, f, log); err != nil {
 			return err
 		}
 		outcome = outcomeDeadLettered
+		e.span.Fail(string(f.reason), f.err)
 	}
+	e.span.SetOutcome(outcome)
 	p.c.metrics.finished(p.topic, outcome, time.Since(began))
 	if d.outcome == inbox.Duplicate {
 		log.InfoContext(ctx, "skipped a duplicate: its idempotency key is recorded already")

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/tracing"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -46,6 +47,7 @@ type route struct {
 	owned atomic.Int32
 
 	store          *inbox.Store
+	tracer         *tracing.Tracer
 	attemptTimeout time.Duration
 	log            *slog.Logger
 }
@@ -54,6 +56,7 @@ func newRoute(r Route, config *Config, log *slog.Logger) (*route, error) {
 	rt := &route{
 		Route:          r,
 		store:          config.Store,
+		tracer:         config.Tracer,
 		attemptTimeout: config.AttemptTimeout,
 		log:            log.With("topic", r.Topic),
 		policy: policy{retry: config.Retry, parkAfter: config.ParkAfter, parks: config.Ordering == ByKey,

@@ -60,6 +60,15 @@ func New(provider trace.TracerProvider) *Tracer {
 
 func (t *Tracer) off() bool { return t == nil || t.tracer == nil }
 
+// Provider returns the provider Setup made, to hand to package inboxworker's Config; nil when
+// tracing is off or the Tracer was made by New.
+func (t *Tracer) Provider() trace.TracerProvider {
+	if t == nil || t.provider == nil {
+		return nil
+	}
+	return t.provider
+}
+
 // Shutdown exports the spans not exported yet and stops the exporter, within ctx. It does nothing
 // for a Tracer that Setup did not make with tracing on.
 func (t *Tracer) Shutdown(ctx context.Context) error {
