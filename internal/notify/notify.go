@@ -42,6 +42,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -62,6 +63,9 @@ type SMS struct {
 	Template string
 	// Params fill the template's placeholders.
 	Params map[string]string
+	// ExpiresAt, when set, is the event's own expiry: it is not sent after it, whatever the
+	// template's validity says. Zero: the template's validity, if any, holds.
+	ExpiresAt time.Time
 }
 
 // LogValue logs an SMS with its number masked and without its params' values, which may be codes.
