@@ -66,13 +66,16 @@ const (
 // failed statement the commit fails, and Process returns that error instead.
 var ErrAlreadyApplied = errors.New("inbox: effect already applied under another key")
 
+// Declined reports whether o is an outcome of Decline: Expired or Suppressed.
+func (o Outcome) Declined() bool { return o == Expired || o == Suppressed }
+
 // Decline returns the error with which an effect declines its message on purpose, outcome Expired
 // or Suppressed, err saying why: as for ErrAlreadyApplied, the key's inbox row commits with what
 // else the effect wrote (its record of the decision), so that a redelivery is a Duplicate, and
 // Process reports outcome. A call's Check declining ends the call before it is made. For any other
 // outcome Decline returns an error that declines nothing.
 func Decline(outcome Outcome, err error) error {
-	if outcome != Expired && outcome != Suppressed {
+	if !outcome.Declined() {
 		return fmt.Errorf("inbox: a message is declined expired or suppressed, not %q: %w", outcome, err)
 	}
 	return &declined{outcome: outcome, err: err}
