@@ -164,45 +164,38 @@ VALUES ($1, $2, $3, 'SENT', $4, $5, clock_timestamp())`
 // Check is the first step of an SMS event (see inboxworker.CallHandler), run in the claim transaction
 // of d.Key right before the send: an invalid event is a permanent inboxworker.InvalidPayload error; a
 // key already in notifications (its inbox row has expired; the SMS was sent, or not on purpose) is
-// inboxworker.ErrAlreadyApplied, so it is not sent again. Then an SMS whose validity has passed is
-// recorded EXPIRED and declined (inboxworker.Expired), and one over its recipient's limit is
-// recorded SUPPRESSED and declined (inboxworker.Suppressed): see checkExpiry and checkRecipient.
+// inboxworker.ErrAlreadyApplied, so it is not sent again. An SMS whose validity has passed is
+// recorded EXPIRED and declined (inboxworker.Expired, see checkExpiry), and one over its recipient's
+// limit is recorded SUPPRESSED and declined (inboxworker.Suppressed, see checkRecipient). Each way
+// costs the transaction one round trip.
 func (h *Handler) Check(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery) error {
 	sms, err := Decode(d.Value)
 	if err != nil {
 		return err
 	}
 	sms.Key = d.Key
+	if at := h.expiry(d, sms); !at.IsZero() && !time.Now().Before(at) {
+		return h.checkExpiry(ctx, tx, d, sms, at)
+	}
+	if windows := h.limits[sms.Template]; len(windows) > 0 {
+		return h.checkRecipient(ctx, tx, d, sms, windows)
+	}
 	var status string
 	err = tx.QueryRow(ctx, `SELECT status FROM notifications WHERE idempotency_key = $1`, d.Key).Scan(&status)
 	switch {
 	case err == nil:
-		h.logger.InfoContext(ctx, "sms already recorded under this key; not sending again", slog.Any("sms", sms),
-			slog.String("status", status))
-		return inboxworker.ErrAlreadyApplied
+		return h.alreadyRecorded(ctx, sms, status)
 	case !errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("notify: read notifications: %w", err)
 	}
-	if err := h.checkExpiry(ctx, tx, d, sms); err != nil {
-		return err
-	}
-	return h.checkRecipient(ctx, tx, d, sms)
+	return nil
 }
 
-// insertNotSentSQL records an SMS not sent on purpose, with the status that says why. A row already
-// there (the SENT of a completion that outlived its lease) stays as it is.
-const insertNotSentSQL = `
-INSERT INTO notifications (idempotency_key, recipient, template, status, attempts, sent_at)
-VALUES ($1, $2, $3, $4, $5, NULL)
-ON CONFLICT (idempotency_key) DO NOTHING`
-
-// recordNotSent records sms, delivered as d, as not sent on purpose, with status EXPIRED or
-// SUPPRESSED.
-func recordNotSent(ctx context.Context, tx pgx.Tx, sms SMS, status string, d inboxworker.Delivery) error {
-	if _, err := tx.Exec(ctx, insertNotSentSQL, sms.Key, sms.To, sms.Template, status, max(d.Attempt, 1)); err != nil {
-		return fmt.Errorf("notify: record notification: %w", err)
-	}
-	return nil
+// alreadyRecorded is Check's answer for sms, whose key notifications holds with status already.
+func (h *Handler) alreadyRecorded(ctx context.Context, sms SMS, status string) error {
+	h.logger.InfoContext(ctx, "sms already recorded under this key; not sending again", slog.Any("sms", sms),
+		slog.String("status", status))
+	return inboxworker.ErrAlreadyApplied
 }
 
 // Call sends the SMS of d, with no transaction open, and returns the completion that records it as

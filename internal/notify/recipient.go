@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -53,24 +54,44 @@ WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM notification_counts WHERE forget_at < now() ORDER BY forget_at LIMIT $1
     FOR UPDATE SKIP LOCKED))`
 
-	// countSQL counts, for each window period $4 (in microseconds), the other SMS of the recipient
-	// $1 and template $2 counted within it, and still counting.
-	countSQL = `
-SELECT w.period, count(c.idempotency_key)::int
-FROM unnest($4::bigint[]) AS w(period)
-LEFT JOIN notification_counts c
-    ON c.recipient = $1 AND c.template = $2 AND c.idempotency_key <> $3
-    AND c.counted_at > now() - w.period * interval '1 microsecond'
-    AND (c.held_until IS NULL OR c.held_until > now())
-GROUP BY w.period`
-
-	// countSMSSQL counts the SMS $1 as let through: held for $4 microseconds, remembered for $5.
-	countSMSSQL = `
-INSERT INTO notification_counts (idempotency_key, recipient, template, counted_at, held_until, forget_at)
-VALUES ($1, $2, $3, now(), now() + $4 * interval '1 microsecond', now() + $5 * interval '1 microsecond')
-ON CONFLICT (idempotency_key) DO UPDATE
-SET recipient = excluded.recipient, template = excluded.template, counted_at = excluded.counted_at,
-    held_until = excluded.held_until, forget_at = excluded.forget_at`
+	// admitSQL is the check of the SMS $3 to the recipient $1, of template $2, in one statement
+	// (one snapshot, one round trip), returning one row. When the key is recorded in notifications
+	// already, it returns its status and does nothing else. Otherwise it counts, for each window ($4:
+	// periods in microseconds, $5: counts), the recipient's other SMS of the template counted within
+	// it and still counting; when one window has no room for the SMS, it records the SMS SUPPRESSED
+	// ($8: attempts) and returns the shortest such window and its count; when every window has room,
+	// it counts the SMS, held for $6 microseconds and remembered for $7, and returns NULLs.
+	admitSQL = `
+WITH recorded AS (
+    SELECT status FROM notifications WHERE idempotency_key = $3
+), counts AS (
+    SELECT w.period, w.most, count(c.idempotency_key) AS n
+    FROM unnest($4::bigint[], $5::bigint[]) AS w(period, most)
+    LEFT JOIN notification_counts c
+        ON c.recipient = $1 AND c.template = $2 AND c.idempotency_key <> $3
+        AND c.counted_at > now() - $7 * interval '1 microsecond' -- the index's range: the longest window
+        AND c.counted_at > now() - w.period * interval '1 microsecond'
+        AND (c.held_until IS NULL OR c.held_until > now())
+    GROUP BY w.period, w.most
+), full_window AS (
+    SELECT period, most, n FROM counts
+    WHERE n >= most AND NOT EXISTS (SELECT FROM recorded)
+    ORDER BY period LIMIT 1
+), counted AS (
+    INSERT INTO notification_counts (idempotency_key, recipient, template, counted_at, held_until, forget_at)
+    SELECT $3, $1, $2, now(), now() + $6 * interval '1 microsecond', now() + $7 * interval '1 microsecond'
+    WHERE NOT EXISTS (SELECT FROM recorded) AND NOT EXISTS (SELECT FROM full_window)
+    ON CONFLICT (idempotency_key) DO UPDATE
+    SET recipient = excluded.recipient, template = excluded.template, counted_at = excluded.counted_at,
+        held_until = excluded.held_until, forget_at = excluded.forget_at
+), suppressed AS (
+    INSERT INTO notifications (idempotency_key, recipient, template, status, attempts, sent_at)
+    SELECT $3, $1, $2, 'SUPPRESSED', $8, NULL
+    WHERE EXISTS (SELECT FROM full_window)
+    ON CONFLICT (idempotency_key) DO NOTHING
+)
+SELECT (SELECT status FROM recorded), f.period, f.most, f.n
+FROM (VALUES (1)) AS one LEFT JOIN full_window f ON true`
 
 	// insertNotificationCountedSQL is insertNotificationSQL for an SMS of a limited template: its
 	// count becomes final ($6: how long it is remembered, should its row have been lost).
@@ -85,74 +106,46 @@ ON CONFLICT (idempotency_key) DO UPDATE SET held_until = NULL`
 // that the table shrinks back once traffic falls.
 const forgetPerCheck = 8
 
-// checkRecipient declines sms, delivered as d, when one of its template's windows (Config.
-// RecipientLimits) already holds as many SMS to its recipient as it allows: it is recorded
-// SUPPRESSED, not sent, and logged once the record commits. Otherwise sms is counted, under its
-// idempotency key, and goes on to be sent.
-func (h *Handler) checkRecipient(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery, sms SMS) error {
-	windows := h.limits[sms.Template]
-	if len(windows) == 0 {
-		return nil
-	}
-	periods := make([]int64, len(windows))
+// checkRecipient declines sms, delivered as d, when one of its template's windows already holds as
+// many SMS to its recipient as it allows: it is recorded SUPPRESSED, not sent, and logged once the
+// record commits. A key recorded already is not sent either (inboxworker.ErrAlreadyApplied).
+// Otherwise sms is counted, under its idempotency key, and goes on to be sent. It costs the lease's
+// transaction one round trip: the recipient's lock, a few old counts forgotten, and admitSQL.
+func (h *Handler) checkRecipient(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery, sms SMS, windows []Window) error {
+	periods, counts := make([]int64, len(windows)), make([]int64, len(windows))
 	for i, w := range windows {
-		periods[i] = w.Period.Microseconds()
+		periods[i], counts[i] = w.Period.Microseconds(), int64(w.Count)
 	}
-	counts, err := countRecipient(ctx, tx, sms, periods)
-	if err != nil {
-		return err
-	}
-	for _, w := range windows {
-		if n := counts[w.Period.Microseconds()]; n >= w.Count {
-			return h.suppress(ctx, tx, d, sms, w, n)
-		}
-	}
-	if _, err := tx.Exec(ctx, countSMSSQL, sms.Key, sms.To, sms.Template, h.hold.Microseconds(),
-		longest(windows).Microseconds()); err != nil {
-		return fmt.Errorf("notify: count the sms: %w", err)
-	}
-	return nil
-}
-
-// countRecipient locks sms's recipient for the transaction, forgets a few counts past their windows
-// and returns the recipient's other SMS of sms's template in each period, by period.
-func countRecipient(ctx context.Context, tx pgx.Tx, sms SMS, periods []int64) (map[int64]int, error) {
 	b := &pgx.Batch{}
 	b.Queue(lockRecipientSQL, sms.To)
 	b.Queue(forgetCountsSQL, forgetPerCheck)
-	b.Queue(countSQL, sms.To, sms.Template, sms.Key, periods)
+	b.Queue(admitSQL, sms.To, sms.Template, sms.Key, periods, counts, h.hold.Microseconds(),
+		longest(windows).Microseconds(), max(d.Attempt, 1))
 	results := tx.SendBatch(ctx, b)
 	_, err := results.Exec()
 	if err == nil {
 		_, err = results.Exec()
 	}
-	counts := make(map[int64]int, len(periods))
+	var status *string
+	var period, most, n *int64
 	if err == nil {
-		var period int64
-		var n int
-		rows, _ := results.Query()
-		_, err = pgx.ForEachRow(rows, []any{&period, &n}, func() error {
-			counts[period] = n
-			return nil
-		})
+		err = results.QueryRow().Scan(&status, &period, &most, &n)
 	}
 	if err := errors.Join(err, results.Close()); err != nil {
-		return nil, fmt.Errorf("notify: count the recipient's sms: %w", err)
+		return fmt.Errorf("notify: count the recipient's sms: %w", err)
 	}
-	return counts, nil
-}
-
-// suppress records sms as SUPPRESSED by w, which holds n SMS to its recipient already, and
-// declines it.
-func (h *Handler) suppress(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery, sms SMS, w Window, n int) error {
-	if err := recordNotSent(ctx, tx, sms, "SUPPRESSED", d); err != nil {
-		return err
+	switch {
+	case status != nil:
+		return h.alreadyRecorded(ctx, sms, *status)
+	case period == nil:
+		return nil // counted: it goes on to be sent
 	}
-	limit := strconv.Itoa(w.Count) + "/" + envflag.FormatDuration(w.Period)
+	full := Window{Count: int(*most), Period: time.Duration(*period) * time.Microsecond}
+	limit := strconv.Itoa(full.Count) + "/" + envflag.FormatDuration(full.Period)
 	inboxworker.AfterCommit(ctx, func(ctx context.Context) {
 		h.logger.InfoContext(ctx, "sms over its recipient's limit; not sending it", slog.Any("sms", sms),
-			slog.String("limit", limit), slog.Int("counted", n), slog.Int("attempt", d.Attempt))
+			slog.String("limit", limit), slog.Int64("counted", *n), slog.Int("attempt", d.Attempt))
 	})
 	return inboxworker.Suppressed(fmt.Errorf("notify: %d sms of %s to %s in the last %s already, the limit %s",
-		n, sms.Template, MaskPhone(sms.To), envflag.FormatDuration(w.Period), limit))
+		*n, sms.Template, MaskPhone(sms.To), envflag.FormatDuration(full.Period), limit))
 }
