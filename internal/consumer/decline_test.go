@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
@@ -95,19 +95,33 @@ func TestDeclined(t *testing.T) {
 	})
 }
 
-// declineCaller is a caller whose Check declines as declineByKey says once decline is set.
-type declineCaller struct {
+// parkedDecliner is a caller whose Check declines, as declineByKey says, a message that is parked:
+// the first attempt of a parked retry. It fails the test if a message it declined is called.
+type parkedDecliner struct {
 	*caller
-	decline *atomic.Bool
+	t        *testing.T
+	declined sync.Map // keys declined
 }
 
-func (h declineCaller) Check(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
-	if h.decline.Load() {
+func (h *parkedDecliner) Check(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
+	var parked bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM inbox_parked WHERE idempotency_key = $1)`, d.Key).Scan(&parked); err != nil {
+		return err
+	}
+	if parked {
 		if declined, err := declineByKey(ctx, tx, d); declined {
+			h.declined.Store(d.Key, true)
 			return err
 		}
 	}
 	return h.caller.Check(ctx, tx, d)
+}
+
+func (h *parkedDecliner) Call(ctx context.Context, d inbox.Delivery) (inbox.Effect, error) {
+	if _, ok := h.declined.Load(d.Key); ok {
+		h.t.Errorf("%s called after its Check declined it", d.Key)
+	}
+	return h.caller.Call(ctx, d)
 }
 
 // TestCallDeclinedWhenParked: a call that keeps failing is parked; its Check, run right before
@@ -116,33 +130,29 @@ func (h declineCaller) Check(ctx context.Context, tx pgx.Tx, d inbox.Delivery) e
 func TestCallDeclinedWhenParked(t *testing.T) {
 	t.Parallel()
 	e := setup(t, testMode{consumer.PerMessage, consumer.ByKey}, 1)
-	var decline atomic.Bool
-	h := declineCaller{caller: newCaller(func(ctx context.Context, d inbox.Delivery) error {
-		if d.Key == "late-1" && !decline.Load() {
+	h := &parkedDecliner{t: t, caller: newCaller(func(ctx context.Context, d inbox.Delivery) error {
+		if d.Key == "late-1" {
 			return fault.Retryable(errors.New("provider down"))
 		}
 		return nil
-	}), decline: &decline}
+	})}
 	config := e.callConfig(h)
 	parkSoon(&config)
 	config.Retry.MaxElapsed = 10 * time.Minute
 	e.produceOrdered("phone-1", "late-1", "next-1")
 	e.start(config)
-	e.waitFor("the failing call parked, and its key's next message behind it", func() bool {
-		return len(e.parkedKeys()) == 2
-	})
-	calls := h.callsOf("late-1")
-
-	decline.Store(true)
-	e.waitFor("the park empty", func() bool { return len(e.parkedKeys()) == 0 })
 	e.waitFor("both counted", func() bool { return outcomes(config, "expired")+outcomes(config, "applied") == 2 })
-	if got := h.callsOf("late-1"); got != calls {
-		t.Errorf("late-1 called %d times after its decline, want none", got-calls)
+	if _, ok := h.declined.Load("late-1"); !ok || h.callsOf("late-1") == 0 {
+		t.Fatalf("late-1 declined %v after %d calls; want declined once parked, after its failed calls",
+			ok, h.callsOf("late-1"))
 	}
 	// Left behind in the park, it would be taken again once its hold lapsed, found recorded and
 	// counted a duplicate too.
 	if exp, app, dup := outcomes(config, "expired"), outcomes(config, "applied"), outcomes(config, "duplicate"); exp != 1 || app != 1 || dup != 0 {
 		t.Errorf("expired %v, applied %v, duplicate %v; want 1, 1 and 0", exp, app, dup)
+	}
+	if parked := e.parkedKeys(); len(parked) != 0 {
+		t.Errorf("still parked: %v", parked)
 	}
 	checkOnce(t, e, []string{"late-1", "next-1"})
 	if keys := e.inboxKeys(); keys["late-1"] != 1 || keys["next-1"] != 1 {
