@@ -245,7 +245,7 @@ func TestRecipientLimitTwoInstances(t *testing.T) {
 	config := notify.Config{RecipientLimits: limitsOf(t, "verify_code=1/1m")}
 	w1, reg1 := e.start(t, config)
 	w2, reg2 := e.start(t, config)
-	waitFor(t, "both workers ready", func() bool { return w1.Ready() && w2.Ready() })
+	waitFor(t, "both workers ready", func() bool { return w1.Ready() == nil && w2.Ready() == nil })
 
 	a, b := kafkaKeys(t, e.partitions)
 	msgs := []kafka.Message{code("c1", testPhone, a), code("c2", testPhone, b), code("c3", testPhone, a),
