@@ -10,7 +10,9 @@
 //     transaction open, under a lease on the key, sending the key so that a repeated call is one;
 //   - a handler's errors say what to do: Permanent (dead-letter with a Reason), Retryable,
 //     RetryableAfter, RetryableUntil; ErrAlreadyApplied says its own tables show the effect
-//     happened; AfterCommit runs what must follow only a commit (a log line);
+//     happened; Expired and Suppressed decline a message on purpose, its key recorded (a code
+//     sent too late, a recipient over a limit); AfterCommit runs what must follow only a commit
+//     (a log line);
 //   - a Route binds a topic to its handler; New builds a Worker of the routes from a Config, and
 //     Run consumes until its context is cancelled. Migrate creates the worker's tables.
 //

@@ -35,6 +35,23 @@ const (
 // wrote in the transaction (it should write nothing).
 var ErrAlreadyApplied = inbox.ErrAlreadyApplied
 
+// Expired declines a message on purpose as too late to be of use (a verification code the user
+// has stopped waiting for), err saying why. A Handler, a BatchHandler's result or a CallHandler's
+// Check returns it: the message's inbox row commits with whatever else the handler wrote in the
+// transaction (its record of the decision: a row that says EXPIRED), so that a redelivery, a
+// replay or a retry of the message stays a no-op, and the message finishes with outcome expired
+// (inboxworker_messages_total{outcome="expired"}): never retried, never a dead letter. Returned by
+// a Check, which runs in the lease's transaction right before the call, after any wait (a
+// retry's backoff, the park, a pause of the route), it keeps the call from being made at the last
+// moment. Never for an effect that must happen, however late (a payment).
+func Expired(err error) error { return inbox.Decline(inbox.Expired, err) }
+
+// Suppressed declines a message on purpose as over a limit (a recipient's share of SMS, say), err
+// saying why, as Expired does: its inbox row commits with what the handler wrote (a row that says
+// SUPPRESSED), a redelivery stays a no-op, and the message finishes with outcome suppressed
+// (inboxworker_messages_total{outcome="suppressed"}): never retried, never a dead letter.
+func Suppressed(err error) error { return inbox.Decline(inbox.Suppressed, err) }
+
 // Permanent marks err as the message's own: it is dead-lettered at once with reason, never retried.
 func Permanent(reason Reason, err error) error { return fault.Permanent(reason, err) }
 

@@ -31,7 +31,7 @@ func setupExample() *exampleEnv {
 		log.Fatal(err)
 	}
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1),
-		kfake.SeedTopics(1, "shipments", "shipments.dlq", "notices", "notices.dlq"))
+		kfake.SeedTopics(1, "shipments", "shipments.dlq", "notices", "notices.dlq", "reminders", "reminders.dlq"))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -46,11 +46,15 @@ func (e *exampleEnv) close() {
 }
 
 // produce writes a message of key and value to topic.
-func (e *exampleEnv) produce(topic, key, value string) {
+func (e *exampleEnv) produce(topic, key, value string) { e.produceAt(topic, key, value, time.Time{}) }
+
+// produceAt writes a message of key and value to topic, produced at (its record's timestamp; now
+// when zero).
+func (e *exampleEnv) produceAt(topic, key, value string, at time.Time) {
 	w := &kafka.Writer{Addr: kafka.TCP(e.brokers...), Topic: topic, RequiredAcks: kafka.RequireAll,
 		BatchTimeout: time.Millisecond, Transport: e.transport}
 	defer w.Close()
-	if err := w.WriteMessages(context.Background(), kafka.Message{Key: []byte(key), Value: []byte(value)}); err != nil {
+	if err := w.WriteMessages(context.Background(), kafka.Message{Key: []byte(key), Value: []byte(value), Time: at}); err != nil {
 		log.Fatal(err)
 	}
 }

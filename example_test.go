@@ -9,7 +9,9 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -149,4 +151,74 @@ func ExampleCallHandler() {
 	defer mu.Unlock()
 	fmt.Println("calls for notice-1:", calls["notice-1"])
 	// Output: calls for notice-1: 1
+}
+
+// reminder is a CallHandler whose Check declines what is too old to be of use: a reminder produced
+// more than an hour ago is recorded as expired, and not sent.
+type reminder struct{ sent *int }
+
+func (r reminder) Check(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery) error {
+	if age := time.Since(d.Produced); age > time.Hour {
+		_, err := tx.Exec(ctx, `INSERT INTO reminders (idempotency_key, status) VALUES ($1, 'EXPIRED')`, d.Key)
+		if err != nil {
+			return err
+		}
+		return inboxworker.Expired(fmt.Errorf("produced %s ago", age.Round(time.Minute)))
+	}
+	return nil
+}
+
+func (r reminder) Call(ctx context.Context, d inboxworker.Delivery) (inboxworker.Completion, error) {
+	*r.sent++ // the call to the other service
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO reminders (idempotency_key, status) VALUES ($1, 'SENT')`, d.Key)
+		return err
+	}, nil
+}
+
+// A call route that makes no call too late to be of use: the reminder produced two hours ago is
+// recorded as expired, its key with it, so that a redelivery stays a no-op.
+func ExampleExpired() {
+	ctx := context.Background()
+	env := setupExample()
+	defer env.close()
+	if err := inboxworker.Migrate(ctx, env.pool); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := env.pool.Exec(ctx, `CREATE TABLE reminders (idempotency_key text PRIMARY KEY, status text)`); err != nil {
+		log.Fatal(err)
+	}
+	var sent int
+	w, err := inboxworker.New(inboxworker.Config{
+		Brokers: env.brokers,
+		Pool:    env.pool,
+		Routes:  []inboxworker.Route{{Topic: "reminders", Name: "reminders", Call: reminder{sent: &sent}}},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+
+	env.produceAt("reminders", "user-7", `{"event_id":"stale"}`, time.Now().Add(-2*time.Hour))
+	env.produce("reminders", "user-7", `{"event_id":"fresh"}`)
+	env.produceAt("reminders", "user-7", `{"event_id":"stale"}`, time.Now().Add(-2*time.Hour)) // again
+	env.waitCommitted("reminders", 3)
+	stop()
+	if err := <-done; err != nil {
+		log.Fatal(err)
+	}
+
+	rows, _ := env.pool.Query(context.Background(), `SELECT idempotency_key || ' ' || status FROM reminders ORDER BY 1`)
+	recorded, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("calls made:", sent)
+	fmt.Println(strings.Join(recorded, "\n"))
+	// Output:
+	// calls made: 1
+	// fresh SENT
+	// stale EXPIRED
 }

@@ -19,8 +19,9 @@ type Delivery = inbox.Delivery
 
 // Handler applies one message's effect through tx, the transaction that also writes the message's
 // inbox row: both commit, or neither. It returns nil (applied), ErrAlreadyApplied (its own
-// business keys show the effect happened under another idempotency key: a duplicate), or an
-// error: classified with Permanent, Retryable, RetryableAfter or RetryableUntil. An unclassified
+// business keys show the effect happened under another idempotency key: a duplicate), Expired or
+// Suppressed (it declines the message on purpose, its record of that committing with the key), or
+// an error: classified with Permanent, Retryable, RetryableAfter or RetryableUntil. An unclassified
 // error is permanent (dead-lettered handler_error), but for Postgres errors, which the inbox
 // classifies itself: a deadlock or a serialization failure is retried, an outage waited out.
 //
@@ -69,9 +70,11 @@ type BatchHandler interface {
 // other service must honour so that the effect happens once. A call that times out keeps its lease
 // until it expires too: the other service may still be working on it.
 type CallHandler interface {
-	// Check runs in the claim transaction, before the call. It returns nil to go on,
-	// ErrAlreadyApplied when the handler's own tables show the effect happened under d.Key already,
-	// or an error that ends the attempt (an invalid payload: Permanent).
+	// Check runs in the claim transaction, right before the call: after any retry's backoff, the
+	// park and the route's pauses. It returns nil to go on, ErrAlreadyApplied when the handler's
+	// own tables show the effect happened under d.Key already, Expired or Suppressed to make no
+	// call on purpose (what Check wrote commits with the key), or an error that ends the attempt
+	// (an invalid payload: Permanent).
 	Check(ctx context.Context, tx pgx.Tx, d Delivery) error
 	// Call makes the call under d.Key, with no transaction open, and returns what to record of it
 	// (nil: nothing but the key). Its context ends two thirds of the way through the lease, and

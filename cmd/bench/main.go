@@ -52,6 +52,8 @@ func main() {
 	maxConns := flag.Int("max-conns", 0, "database connections of the worker (default: partitions + 2, at least 4)")
 	flag.IntVar(&cfg.Phones, "phones", 2_000, "sms mode: events, each to its own phone")
 	flag.DurationVar(&cfg.ProviderLatency, "provider-latency", 100*time.Millisecond, "sms mode: how long the SMS provider takes to answer")
+	flag.StringVar(&cfg.SMSRecipientLimit, "sms-recipient-limit", "",
+		"sms mode: the worker's SMS_RECIPIENT_LIMIT, e.g. verify_code=1/1m;5/1h;10/24h (each event is to its own phone: none is over it)")
 	flag.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of the timed part of each mode to `file`.<mode>")
 	cfg.LogLevel = slog.LevelWarn
 	flag.TextVar(&cfg.LogLevel, "log-level", cfg.LogLevel,

@@ -70,7 +70,11 @@ func runSMS(ctx context.Context, e *env) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	handler, err := notify.NewHandler(notify.Config{Sender: sender, Logger: log})
+	limits, err := notify.ParseRecipientLimits(e.cfg.SMSRecipientLimit)
+	if err != nil {
+		return result{}, fmt.Errorf("-sms-recipient-limit: %w", err)
+	}
+	handler, err := notify.NewHandler(notify.Config{Sender: sender, RecipientLimits: limits, Logger: log})
 	if err != nil {
 		return result{}, err
 	}

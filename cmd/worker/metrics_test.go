@@ -36,7 +36,7 @@ func TestMetricsLive(t *testing.T) {
 	families := scrape(t, base)
 	got := messagesTotal(families)
 	for _, topic := range []string{topicPayments, topicSMS} {
-		for _, outcome := range []string{"applied", "duplicate", "dead_lettered"} {
+		for _, outcome := range []string{"applied", "duplicate", "dead_lettered", "expired", "suppressed"} {
 			if v, ok := got[topic][outcome]; !ok || v != 0 {
 				t.Errorf("inboxworker_messages_total{topic=%q,outcome=%q} = %v (present %v), want 0 from the start",
 					topic, outcome, v, ok)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/inboxworker/inboxworker/internal/envflag"
+	"github.com/inboxworker/inboxworker/internal/notify"
 )
 
 // Config is the worker's configuration: every variable of the contract, read from the environment
@@ -31,6 +32,10 @@ type Config struct {
 
 	SMSProviderURL   string
 	SMSProviderToken string
+	// SMSValidity and SMSRecipientLimits decline SMS too old to be of use, and over their
+	// recipient's limits (package notify); nil: none.
+	SMSValidity        notify.Validity
+	SMSRecipientLimits notify.RecipientLimits
 
 	RetryInitialInterval time.Duration
 	RetryMaxInterval     time.Duration
@@ -124,6 +129,17 @@ var settings = []*setting{
 	{Env: "SMS_PROVIDER_TOKEN", Flag: "sms-provider-token", Meta: "SECRET", Shown: secret, Use: useTopics,
 		Usage: "sent to the SMS gateway as Authorization: Bearer (never logged)",
 		Set:   func(c *Config, v string) error { c.SMSProviderToken = v; return nil }},
+	{Env: "SMS_VALIDITY", Flag: "sms-validity", Meta: "LIST", Use: useTopics,
+		Usage: "per template, how long after it was produced an SMS is still sent, e.g. verify_code=5m,login_code=2m " +
+			"(each 1s to 168h; an event's expires_at wins; unset: no expiry); an older one is recorded EXPIRED, not sent",
+		Set: func(c *Config, v string) (err error) { c.SMSValidity, err = notify.ParseValidity(v); return err }},
+	{Env: "SMS_RECIPIENT_LIMIT", Flag: "sms-recipient-limit", Meta: "LIST", Use: useTopics,
+		Usage: "per template, the most SMS to one number in each window, e.g. verify_code=1/1m;5/1h;10/24h " +
+			"(counts 1 to 10000, periods 1s to 720h, at most 8 windows; unset: no limit); one over it is recorded SUPPRESSED, not sent",
+		Set: func(c *Config, v string) (err error) {
+			c.SMSRecipientLimits, err = notify.ParseRecipientLimits(v)
+			return err
+		}},
 	{Env: "RETRY_INITIAL_INTERVAL", Flag: "retry-initial-interval", Default: "200ms", Meta: "DURATION", Use: useWorker,
 		Usage: "first backoff of a retryable handler error (exponential, with jitter)",
 		Bound: envflag.Durations(10*time.Millisecond, time.Minute),

@@ -86,6 +86,16 @@ func TestConfigErrors(t *testing.T) {
 			`worker: ORDERING: unknown ordering "offset" (use key or partition)`},
 		{"BadSMSConcurrency", map[string]string{"SMS_CONCURRENCY": "0"}, []string{"run"},
 			`worker: SMS_CONCURRENCY: must be a positive number, got "0"`},
+		{"BadValidity", map[string]string{"SMS_VALIDITY": "verify_code=5"}, []string{"run"},
+			`worker: SMS_VALIDITY: verify_code: invalid duration "5" (use 30s, 5m, 2h)`},
+		{"HugeValidity", map[string]string{"SMS_VALIDITY": "verify_code=5m,login_code=200h"}, []string{"dev"},
+			`worker: SMS_VALIDITY: login_code: must be from 1s to 168h, got "200h"`},
+		{"ValidityTwice", nil, []string{"run", "--sms-validity", "t=1m,t=2m"},
+			`worker: --sms-validity: t is given twice`},
+		{"BadRecipientLimit", nil, []string{"run", "--sms-recipient-limit", "verify_code=1/1m;5"},
+			`worker: --sms-recipient-limit: verify_code: want COUNT/PERIOD (1/1m), got "5"`},
+		{"HugeRecipientLimit", map[string]string{"SMS_RECIPIENT_LIMIT": "verify_code=100000/1h"}, []string{"demo"},
+			`worker: SMS_RECIPIENT_LIMIT: verify_code: a count must be from 1 to 10000, got "100000"`},
 		{"TokenWithoutURL", map[string]string{"SMS_PROVIDER_TOKEN": "tok"}, []string{"run"},
 			`worker: SMS_PROVIDER_TOKEN: set without SMS_PROVIDER_URL`},
 		{"TokenWithSpace", map[string]string{"SMS_PROVIDER_URL": "https://sms.example/send",
@@ -184,6 +194,8 @@ var contractDefaults = map[string]string{
 	"DLQ_SUFFIX":                     ".dlq",
 	"SMS_PROVIDER_URL":               "",
 	"SMS_PROVIDER_TOKEN":             "",
+	"SMS_VALIDITY":                   "", // this round: no expiry
+	"SMS_RECIPIENT_LIMIT":            "", // this round: no limit
 	"RETRY_INITIAL_INTERVAL":         "200ms",
 	"RETRY_MAX_INTERVAL":             "30s",
 	"RETRY_MAX_ELAPSED":              "5m",
@@ -392,5 +404,25 @@ func TestEverySettingIsRead(t *testing.T) {
 	}
 	if cfg := parseConfig(t, map[string]string{"LAG_INTERVAL": "100ms"}, "run"); cfg.LagInterval != 100*time.Millisecond {
 		t.Errorf("worker run: LAG_INTERVAL=100ms gives %s", cfg.LagInterval)
+	}
+}
+
+// TestSMSTrafficSettings: SMS_VALIDITY and SMS_RECIPIENT_LIMIT reach the SMS route's handler as
+// parsed, and the startup line shows them as given.
+func TestSMSTrafficSettings(t *testing.T) {
+	t.Parallel()
+	cfg := parseConfig(t, map[string]string{"SMS_VALIDITY": "verify_code=5m, login_code=2m"}, "run",
+		"--sms-recipient-limit=verify_code=10/24h;1/1m;5/1h")
+	if got := cfg.SMSValidity.String(); got != "login_code=2m,verify_code=5m" {
+		t.Errorf("SMSValidity = %s", got)
+	}
+	if got := cfg.SMSRecipientLimits.String(); got != "verify_code=1/1m;5/1h;10/24h" {
+		t.Errorf("SMSRecipientLimits = %s", got)
+	}
+	if shown := cfg.resolved.Shown["SMS_RECIPIENT_LIMIT"]; shown != "verify_code=10/24h;1/1m;5/1h" {
+		t.Errorf("the startup line shows %q", shown)
+	}
+	if cfg := parseConfig(t, nil, "run"); cfg.SMSValidity != nil || cfg.SMSRecipientLimits != nil {
+		t.Errorf("unset: %v, %v; want none", cfg.SMSValidity, cfg.SMSRecipientLimits)
 	}
 }

@@ -66,7 +66,8 @@ var bundledRoutes = []routeRow{
 			if err != nil {
 				return inboxworker.Route{}, err
 			}
-			h, err := notify.NewHandler(notify.Config{Sender: sender, Logger: logger})
+			h, err := notify.NewHandler(notify.Config{Sender: sender, Validity: cfg.SMSValidity,
+				RecipientLimits: cfg.SMSRecipientLimits, Logger: logger})
 			return inboxworker.Route{Call: h}, err
 		}},
 	// The order events the payment route emits, also where the outbox relay publishes them

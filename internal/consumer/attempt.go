@@ -222,8 +222,9 @@ func (rt *route) call(ctx context.Context, a attempt, r *result) ([]inbox.Outcom
 			}, nil
 		},
 	})
-	if err == nil && outcome == inbox.Duplicate && a.parked != nil {
-		// Recorded before, by another delivery: no call was made, and the parked message goes.
+	if err == nil && (outcome == inbox.Duplicate || outcome.Declined()) && a.parked != nil {
+		// Recorded before, by another delivery, or declined by Check: no call was made, and the
+		// parked message goes.
 		if err := rt.store.Park().Remove(ctx, *a.parked); err != nil && !errors.Is(err, inbox.ErrHoldLost) {
 			return nil, err
 		}

@@ -268,6 +268,8 @@ func TestSeriesFromTheStart(t *testing.T) {
 			"inboxworker_messages_total,outcome=applied,topic=" + tp,
 			"inboxworker_messages_total,outcome=duplicate,topic=" + tp,
 			"inboxworker_messages_total,outcome=dead_lettered,topic=" + tp,
+			"inboxworker_messages_total,outcome=expired,topic=" + tp,
+			"inboxworker_messages_total,outcome=suppressed,topic=" + tp,
 			"inboxworker_retries_total,topic=" + tp,
 			"inboxworker_handle_seconds,topic=" + tp,
 		} {

@@ -40,7 +40,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inboxworker_messages_total",
-			Help: "Messages finished, by topic and outcome (applied, duplicate, dead_lettered).",
+			Help: "Messages finished, by topic and outcome (applied, duplicate, dead_lettered, and expired or suppressed: declined by their handler on purpose, their key recorded).",
 		}, []string{"topic", "outcome"}),
 		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inboxworker_retries_total",
@@ -111,7 +111,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 // outcomes are the values of the outcome label.
-var outcomes = []string{string(inbox.Applied), string(inbox.Duplicate), outcomeDeadLettered}
+var outcomes = []string{string(inbox.Applied), string(inbox.Duplicate), outcomeDeadLettered,
+	string(inbox.Expired), string(inbox.Suppressed)}
 
 // initSeries creates the series of topics whose labels are known before any message, at 0, so that
 // a fresh instance exposes them: rate() and absent() then see a counter that starts at 0, not one
@@ -142,7 +143,8 @@ func (m *Metrics) initSeries(topics []string) {
 	}
 }
 
-// The outcomes of a finished message, as the outcome label. Applied and duplicate are inbox's.
+// The outcomes of a finished message, as the outcome label. Applied, duplicate, expired and
+// suppressed are inbox's.
 const outcomeDeadLettered = "dead_lettered"
 
 // finished counts a message that finished with outcome and observes how long it took, retries

@@ -2,7 +2,6 @@ package inbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 
@@ -13,7 +12,8 @@ import (
 // must do all of its database work through tx. claimed holds the indexes, into the batch, of the
 // messages whose keys were new, in ascending order; the effect returns one result per claimed
 // message, in the same order: nil (applied), ErrAlreadyApplied (a duplicate by the effect's own
-// business keys; its writes commit with the batch) or an error.
+// business keys; its writes commit with the batch), an error of Decline (the message declined on
+// purpose; its writes commit with the batch) or an error.
 //
 // Any error rolls back the whole batch. Only the first error is looked at, so an effect may stop at
 // its first failure and leave the later results nil. Its messages are applied in order as if one
@@ -72,13 +72,14 @@ func (s *Store) ProcessBatch(ctx context.Context, msgs []Message, effect BatchEf
 			return fmt.Errorf("inbox: the batch effect returned %d results for %d claimed messages", len(results), len(claimed))
 		}
 		for j, err := range results {
-			switch {
-			case err == nil:
-			case errors.Is(err, ErrAlreadyApplied):
-				outcomes[claimed[j]] = Duplicate
-			default:
+			if err == nil {
+				continue
+			}
+			recorded, ok := recordedBy(err)
+			if !ok {
 				return &BatchError{Index: claimed[j], Err: classifyEffectError(ctx, tx, err)}
 			}
+			outcomes[claimed[j]] = recorded
 		}
 		return nil
 	})

@@ -91,12 +91,14 @@ func (s *Store) commitCompletions(ctx context.Context, group []*completion) erro
 			err := c.effect(mctx, tx)
 			stop()
 			c.actions = actions
-			switch {
-			case errors.Is(err, ErrAlreadyApplied):
-				outcomes[i] = Duplicate
-			case err != nil:
+			if err == nil {
+				continue
+			}
+			recorded, ok := recordedBy(err)
+			if !ok {
 				return &BatchError{Index: i, Err: classifyEffectError(ctx, tx, err)}
 			}
+			outcomes[i] = recorded
 		}
 		for i, c := range group {
 			c.outcome = outcomes[i]

@@ -51,6 +51,12 @@ const (
 	Duplicate Outcome = "duplicate"
 	// KeyReused: the key was already recorded with a different payload; the effect did not run.
 	KeyReused Outcome = "key_reused"
+	// Expired: the effect declined the message as too late to be of use (Decline): the key
+	// committed with what else the effect wrote, its substance (a call, say) not done.
+	Expired Outcome = "expired"
+	// Suppressed: the effect declined the message as over a limit (a recipient's, say): the key
+	// committed with what else the effect wrote, its substance not done.
+	Suppressed Outcome = "suppressed"
 )
 
 // ErrAlreadyApplied is returned by an effect that finds, by its own business keys, that this
@@ -59,6 +65,49 @@ const (
 // effect did not write, and reports Duplicate. The transaction must still be usable: after a
 // failed statement the commit fails, and Process returns that error instead.
 var ErrAlreadyApplied = errors.New("inbox: effect already applied under another key")
+
+// Declined reports whether o is an outcome of Decline: Expired or Suppressed.
+func (o Outcome) Declined() bool { return o == Expired || o == Suppressed }
+
+// Decline returns the error with which an effect declines its message on purpose, outcome Expired
+// or Suppressed, err saying why: as for ErrAlreadyApplied, the key's inbox row commits with what
+// else the effect wrote (its record of the decision), so that a redelivery is a Duplicate, and
+// Process reports outcome. A call's Check declining ends the call before it is made. For any other
+// outcome Decline returns an error that declines nothing.
+func Decline(outcome Outcome, err error) error {
+	if !outcome.Declined() {
+		return fmt.Errorf("inbox: a message is declined expired or suppressed, not %q: %w", outcome, err)
+	}
+	return &declined{outcome: outcome, err: err}
+}
+
+// declined is the error of Decline.
+type declined struct {
+	outcome Outcome
+	err     error
+}
+
+func (d *declined) Error() string {
+	if d.err == nil {
+		return "inbox: declined: " + string(d.outcome)
+	}
+	return "inbox: declined: " + string(d.outcome) + ": " + d.err.Error()
+}
+
+func (d *declined) Unwrap() error { return d.err }
+
+// recordedBy returns the outcome with which an effect's error err records its message's key, and
+// true: Duplicate for ErrAlreadyApplied, the outcome of Decline. Any other error records nothing.
+func recordedBy(err error) (Outcome, bool) {
+	var d *declined
+	switch {
+	case errors.As(err, &d):
+		return d.outcome, true
+	case errors.Is(err, ErrAlreadyApplied):
+		return Duplicate, true
+	}
+	return "", false
+}
 
 // Message identifies one delivery to process.
 type Message struct {
@@ -147,7 +196,9 @@ func (s *Store) Retention(handler string) time.Duration {
 
 // Process claims msg's key and runs effect in one transaction. It returns Applied when the effect
 // committed with the claim, Duplicate or KeyReused when the key was already recorded (the effect
-// did not run), or an error, in which case nothing was recorded. Errors from Postgres are
+// did not run), Duplicate, Expired or Suppressed when the effect reported ErrAlreadyApplied or
+// declined the message (see Decline: the key and the effect's writes committed), or an error, in
+// which case nothing was recorded. Errors from Postgres are
 // classified (see Classify), the effect's included when they come from Postgres; the effect's
 // other errors are returned as they are.
 func (s *Store) Process(ctx context.Context, msg Message, effect Effect) (Outcome, error) {
@@ -161,11 +212,12 @@ func (s *Store) Process(ctx context.Context, msg Message, effect Effect) (Outcom
 		if err != nil || outcome != Applied {
 			return err
 		}
-		switch err := effect(ctx, tx); {
-		case errors.Is(err, ErrAlreadyApplied):
-			outcome = Duplicate
-		case err != nil:
-			return classifyEffectError(ctx, tx, err)
+		if err := effect(ctx, tx); err != nil {
+			recorded, ok := recordedBy(err)
+			if !ok {
+				return classifyEffectError(ctx, tx, err)
+			}
+			outcome = recorded
 		}
 		return nil
 	})

@@ -43,8 +43,9 @@ type Call struct {
 	// Check, when set, runs in the lease's transaction when the key has no inbox row. It returns nil
 	// to go on with the call, ErrAlreadyApplied when the handler's own records show the effect
 	// happened already (the key's inbox row has expired; the inbox row is then recorded again and the
-	// outcome is Duplicate), or an error that ends the attempt without a lease (a payload that can
-	// never be called with, say).
+	// outcome is Duplicate), an error of Decline (no call is made; the inbox row is recorded with
+	// what Check wrote, and the outcome is Decline's), or an error that ends the attempt without a
+	// lease (a payload that can never be called with, say).
 	Check Effect
 	// Run makes the call and returns the effect that records its result, which runs in the inbox
 	// transaction of step 3 and must do database work only. attempt counts the calls for the key,
@@ -60,7 +61,7 @@ var ErrLeaseHeld = errors.New("inbox: another caller holds the lease on the key"
 
 // ProcessCall runs call for msg in the three steps Call describes. It returns Applied when the call's
 // effect committed with the key, Duplicate or KeyReused when the key was already recorded (no call
-// was made), or an error, in which case nothing was recorded and the lease is released — unless the
+// was made), Expired or Suppressed when Check declined the message (no call was made), or an error, in which case nothing was recorded and the lease is released — unless the
 // call was abandoned when its context ended, or Postgres cannot be reached: then the lease is left to
 // expire. A live lease held by another caller is a retryable error wrapping ErrLeaseHeld whose
 // RetryAfter is the lease's remaining time.
@@ -165,7 +166,9 @@ WHERE handler = $1 AND idempotency_key = $2 AND holder = $3`
 // lease is step 1 of ProcessCall for one message alone, as a request does when the group it was in
 // failed (see takeLease and commitLeases, which do the same for several): in one transaction, it
 // takes l's lease, then looks for the key's inbox row, then runs call.Check. It returns Duplicate or
-// KeyReused (and keeps no lease) when the key is applied, "" when the lease is held.
+// KeyReused (and keeps no lease) when the key is applied, Duplicate, Expired or Suppressed (and
+// keeps no lease, the key recorded) when Check reports it applied or declines it, "" when the
+// lease is held.
 //
 // The lease is taken before the inbox row is looked for: a caller that waited for another's
 // completion (which deletes the lease row and writes the inbox row in one transaction) then reads
@@ -217,21 +220,24 @@ func (s *Store) lease(ctx context.Context, l *lease, call Call) (Outcome, error)
 		if call.Check == nil {
 			return nil
 		}
-		switch err := call.Check(ctx, tx); {
-		case errors.Is(err, ErrAlreadyApplied):
-			// Applied under this key before its inbox row expired: remember the key again.
-			if _, err := tx.Exec(ctx, forgetLeaseSQL, msg.Handler, msg.Key, l.holder); err != nil {
-				return Classify(fmt.Errorf("inbox: release the lease: %w", err))
-			}
-			outcome, err = s.claim(ctx, tx, msg)
-			if err == nil && outcome == Applied {
-				outcome = Duplicate
-			}
-			return err
-		case err != nil:
+		err = call.Check(ctx, tx)
+		if err == nil {
+			return nil
+		}
+		recorded, ok := recordedBy(err)
+		if !ok {
 			return classifyEffectError(ctx, tx, err)
 		}
-		return nil
+		// Applied under this key before its inbox row expired, or declined: record the key, with
+		// what Check wrote, and make no call.
+		if _, err := tx.Exec(ctx, forgetLeaseSQL, msg.Handler, msg.Key, l.holder); err != nil {
+			return Classify(fmt.Errorf("inbox: release the lease: %w", err))
+		}
+		outcome, err = s.claim(ctx, tx, msg)
+		if err == nil && outcome == Applied {
+			outcome = recorded
+		}
+		return err
 	})
 	if errors.Is(err, errRollback) {
 		err = nil

@@ -68,7 +68,8 @@ RETURNING idempotency_key, attempts`
 // commitLeases commits a group of lease requests in one transaction, with what lease does for one: one
 // statement takes the leases, one looks for the keys' inbox rows, Check runs for each key neither
 // applied nor leased by another caller, and one statement deletes the leases taken for keys found
-// applied (lease rolls its transaction back instead, which the others' leases forbid here). An error
+// applied or that Check records (reports applied, or declines: see Decline) (lease rolls its
+// transaction back instead, for keys found applied, which the others' leases forbid here). An error
 // of one Check fails the group: its requests are made again one by one, and the faulty message ends
 // its attempt without a lease, as lease says.
 func (s *Store) commitLeases(ctx context.Context, group []*leaseRequest) error {
@@ -136,21 +137,21 @@ func (s *Store) commitLeases(ctx context.Context, group []*leaseRequest) error {
 				err := c.call.Check(mctx, tx)
 				stop()
 				c.actions = actions
-				switch {
-				case errors.Is(err, ErrAlreadyApplied):
-					// Applied under this key before its inbox row expired: remember the key again.
-					outcome, err := s.claim(ctx, tx, msg)
-					if err != nil {
-						return err
-					}
-					c.outcome = outcome
-					if outcome == Applied {
-						c.outcome = Duplicate
-					}
-				case err != nil:
-					return &BatchError{Index: i, Err: classifyEffectError(ctx, tx, err)}
-				default:
+				if err == nil {
 					continue
+				}
+				recorded, ok := recordedBy(err)
+				if !ok {
+					return &BatchError{Index: i, Err: classifyEffectError(ctx, tx, err)}
+				}
+				// Applied under this key before its inbox row expired, or declined: record the key.
+				outcome, err := s.claim(ctx, tx, msg)
+				if err != nil {
+					return err
+				}
+				c.outcome = outcome
+				if outcome == Applied {
+					c.outcome = recorded
 				}
 			}
 			if isTaken {

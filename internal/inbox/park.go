@@ -325,8 +325,9 @@ func (k *Park) NextDue(ctx context.Context, topic string, partition int32) (time
 
 // Process applies p, which the caller held (TakeDue, Hold), as Process would: its inbox
 // row and effect, and its removal from the park, in one transaction. It returns Applied, Duplicate
-// (the key was applied meanwhile, by a replay say: p leaves the park without its effect running) or
-// KeyReused (p stays parked, for the caller to dead-letter and Remove). It returns ErrHoldLost,
+// (the key was applied meanwhile, by a replay say: p leaves the park without its effect running),
+// Expired or Suppressed (the effect declined p: see Decline; p leaves the park) or KeyReused (p
+// stays parked, for the caller to dead-letter and Remove). It returns ErrHoldLost,
 // having done nothing, when p is no longer held by p.HeldBy.
 func (k *Park) Process(ctx context.Context, p Parked, effect Effect) (Outcome, error) {
 	msg := Message{
@@ -352,11 +353,12 @@ func (k *Park) Process(ctx context.Context, p Parked, effect Effect) (Outcome, e
 		case Duplicate:
 			return nil
 		}
-		switch err := effect(ctx, tx); {
-		case errors.Is(err, ErrAlreadyApplied):
-			outcome = Duplicate
-		case err != nil:
-			return classifyEffectError(ctx, tx, err)
+		if err := effect(ctx, tx); err != nil {
+			recorded, ok := recordedBy(err)
+			if !ok {
+				return classifyEffectError(ctx, tx, err)
+			}
+			outcome = recorded
 		}
 		return nil
 	})

@@ -303,3 +303,28 @@ func TestSMS(t *testing.T) {
 	expect(t, out, []string{`^route payments, topic payments.callbacks$`, `^route sms, topic notifications.sms$`,
 		`^  inbox +recorded .* from payments.callbacks/1 at offset 9; expired .* ago\), purged soon`})
 }
+
+// TestSMSNotSent inspects SMS keys not sent on purpose: expired and suppressed, recorded with their
+// key and a notifications row without a send time.
+func TestSMSNotSent(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.exec(`INSERT INTO inbox (handler, idempotency_key, fingerprint, topic, "partition", "offset", expires_at)
+		VALUES ('sms', 'late', '\x00', 'notifications.sms', 0, 5, now() + interval '26 hours'),
+		       ('sms', 'over', '\x00', 'notifications.sms', 0, 6, now() + interval '26 hours')`)
+	e.exec(`INSERT INTO notifications (idempotency_key, recipient, template, status, attempts, sent_at)
+		VALUES ('late', '+8613800138000', 'verify_code', 'EXPIRED', 3, NULL),
+		       ('over', '+8613800138000', 'verify_code', 'SUPPRESSED', 1, NULL)`)
+	for key, want := range map[string][]string{
+		"late": {`^  outcome +expired: not sent, too late to be of use; its notifications row committed with the inbox row$`,
+			`^  sms +EXPIRED to \+86138\*\*\*\*8000, template verify_code, not sent, after 3 attempt\(s\)$`},
+		"over": {`^  outcome +suppressed: not sent, over its recipient's limit; its notifications row committed with the inbox row$`,
+			`^  sms +SUPPRESSED to \+86138\*\*\*\*8000, template verify_code, not sent, after 1 attempt\(s\)$`},
+	} {
+		out, err := e.inspect(key, "sms")
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		expect(t, out, want, "13800138000")
+	}
+}

@@ -139,12 +139,13 @@ type TransactionRow struct {
 	RecordedAt                                         time.Time
 }
 
-// NotificationRow is the key's notifications row; its recipient is masked when it is read.
+// NotificationRow is the key's notifications row; its recipient is masked when it is read. SentAt
+// is nil for an SMS not sent on purpose (EXPIRED, SUPPRESSED).
 type NotificationRow struct {
 	Recipient, Template, Status string
 	ProviderMessageID           *string
 	Attempts                    int
-	SentAt                      time.Time
+	SentAt                      *time.Time
 }
 
 // read reads what every route of routes knows of key, in tx.

@@ -100,6 +100,8 @@ func appliedOutcome(r RouteReport) string {
 	switch {
 	case r.Route.Kind == Payments:
 		o = paymentOutcome(r)
+	case r.Route.Kind == SMS && r.Notification != nil && r.Notification.SentAt == nil:
+		o = notSent[r.Notification.Status] + "; its notifications row committed with the inbox row"
 	case r.Route.Kind == SMS && r.Notification != nil:
 		o = "sent: the provider accepted it, and its notifications row committed with the inbox row"
 	default:
@@ -208,17 +210,27 @@ func transactionLines(r RouteReport, now time.Time, _ string) []string {
 	return lines
 }
 
+// notSent says why an SMS of a notifications row without a send time was not sent, by its status.
+var notSent = map[string]string{
+	"EXPIRED":    "expired: not sent, too late to be of use",
+	"SUPPRESSED": "suppressed: not sent, over its recipient's limit",
+}
+
 func notificationLines(r RouteReport, now time.Time, _ string) []string {
 	n := r.Notification
 	if n == nil {
 		return []string{"no notifications row: not sent, or not recorded yet"}
+	}
+	if n.SentAt == nil {
+		return []string{fmt.Sprintf("%s to %s, template %s, not sent, after %d attempt(s)",
+			n.Status, n.Recipient, displayed(n.Template), n.Attempts)}
 	}
 	id := "none (accepted without one)"
 	if n.ProviderMessageID != nil {
 		id = displayed(*n.ProviderMessageID)
 	}
 	return []string{fmt.Sprintf("%s to %s, template %s, provider message id %s, after %d call(s), sent %s",
-		n.Status, n.Recipient, displayed(n.Template), id, n.Attempts, when(n.SentAt, now))}
+		n.Status, n.Recipient, displayed(n.Template), id, n.Attempts, when(*n.SentAt, now))}
 }
 
 func leaseLines(r RouteReport, now time.Time, _ string) []string {

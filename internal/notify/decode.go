@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 	"unicode/utf8"
 
 	"github.com/inboxworker/inboxworker"
@@ -22,12 +23,14 @@ const (
 
 // Decode parses and validates the value of an SMS event (see the contract):
 //
-//	{"event_id":"…","phone":"+8613800138000","template":"verify_code","params":{"code":"123456"}}
+//	{"event_id":"…","phone":"+8613800138000","template":"verify_code","params":{"code":"123456"},
+//	 "expires_at":"2026-01-02T15:04:05Z"}
 //
 // phone is required, in E.164; template is required, 1 to MaxTemplateLen characters of A–Z, a–z,
 // 0–9, '_', '.', '-'; params is optional, an object of at most MaxParams string values whose names
-// follow the same rule but start with a letter or '_'; event_id is optional and, when present, a string (the consumer reads the idempotency key,
-// not Decode). Unknown fields are ignored, so that producers can add fields before the worker
+// follow the same rule but start with a letter or '_'; expires_at is optional, an RFC 3339 time
+// with its zone (after it the SMS is not sent: see Handler.Check); event_id is optional and, when
+// present, a string (the consumer reads the idempotency key, not Decode). Unknown fields are ignored, so that producers can add fields before the worker
 // knows them. Names match exactly ("PHONE" is an unknown field), and a field of the event given twice,
 // or a param name given twice, is refused: readers that take the first and readers that take the last
 // would send different messages, or to different people. An unknown field given twice is ignored.
@@ -41,7 +44,7 @@ func Decode(value []byte) (SMS, error) {
 	if err := json.Unmarshal(value, &fields); err != nil || fields == nil {
 		return SMS{}, invalid("value", notAnObject(value, err))
 	}
-	if name, ok := duplicateName(value, "event_id", "phone", "template", "params"); ok {
+	if name, ok := duplicateName(value, "event_id", "phone", "template", "params", "expires_at"); ok {
 		return SMS{}, invalid(name, errors.New("appears more than once"))
 	}
 	var sms SMS
@@ -74,7 +77,28 @@ func Decode(value []byte) (SMS, error) {
 	if sms.Params, err = decodeParams(fields["params"]); err != nil {
 		return SMS{}, err
 	}
+	if sms.ExpiresAt, err = decodeTime(fields, "expires_at"); err != nil {
+		return SMS{}, err
+	}
 	return sms, nil
+}
+
+// decodeTime decodes the optional RFC 3339 time of field name: the zero time when it is absent or
+// null.
+func decodeTime(fields map[string]json.RawMessage, name string) (time.Time, error) {
+	raw, ok := fields[name]
+	if !ok || kind(raw) == "null" {
+		return time.Time{}, nil
+	}
+	var s string
+	if kind(raw) != "string" || json.Unmarshal(raw, &s) != nil {
+		return time.Time{}, invalid(name, fmt.Errorf("must be a string, got %s", kind(raw)))
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, invalid(name, errors.New("must be an RFC 3339 time with its zone, such as 2026-01-02T15:04:05Z"))
+	}
+	return t, nil
 }
 
 func decodeParams(raw json.RawMessage) (map[string]string, error) {

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/notify"
@@ -40,7 +41,24 @@ var decodeTests = []struct {
 	{name: "UnknownFieldTwice", value: `{"x":1,"phone":"+8613800138000","template":"t","x":2}`,
 		want: notify.SMS{To: "+8613800138000", Template: "t", Params: map[string]string{}}},
 
+	{name: "ExpiresAt", value: `{"phone":"+8613800138000","template":"t","expires_at":"2026-01-02T15:04:05Z"}`,
+		want: notify.SMS{To: "+8613800138000", Template: "t", Params: map[string]string{},
+			ExpiresAt: time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)}},
+	{name: "ExpiresAtOffsetFraction", value: `{"phone":"+8613800138000","template":"t","expires_at":"2026-01-02T23:04:05.5+08:00"}`,
+		want: notify.SMS{To: "+8613800138000", Template: "t", Params: map[string]string{},
+			ExpiresAt: time.Date(2026, 1, 2, 15, 4, 5, 5e8, time.UTC)}},
+	{name: "ExpiresAtNull", value: `{"phone":"+8613800138000","template":"t","expires_at":null}`,
+		want: notify.SMS{To: "+8613800138000", Template: "t", Params: map[string]string{}}},
+
 	{name: "Empty", value: ``, wantField: "value"},
+	{name: "ExpiresAtNumber", value: `{"phone":"+8613800138000","template":"t","expires_at":1767366245}`, wantField: "expires_at"},
+	{name: "ExpiresAtDateOnly", value: `{"phone":"+8613800138000","template":"t","expires_at":"2026-01-02"}`, wantField: "expires_at"},
+	{name: "ExpiresAtNoZone", value: `{"phone":"+8613800138000","template":"t","expires_at":"2026-01-02T15:04:05"}`, wantField: "expires_at"},
+	{name: "ExpiresAtWords", value: `{"phone":"+8613800138000","template":"t","expires_at":"in 5 minutes"}`, wantField: "expires_at"},
+	{name: "ExpiresAtBadMonth", value: `{"phone":"+8613800138000","template":"t","expires_at":"2026-13-02T15:04:05Z"}`, wantField: "expires_at"},
+	{name: "ExpiresAtEmpty", value: `{"phone":"+8613800138000","template":"t","expires_at":""}`, wantField: "expires_at"},
+	{name: "ExpiresAtTwice", value: `{"expires_at":"2026-01-02T15:04:05Z","phone":"+8613800138000","template":"t","expires_at":"2036-01-02T15:04:05Z"}`,
+		wantField: "expires_at"},
 	{name: "PhoneOtherCaseOnly", value: `{"PHONE":"+8613800138000","template":"t"}`, wantField: "phone"},
 	{name: "PhoneTwice", value: `{"phone":"+8613800138000","template":"t","phone":"+14155552671"}`, wantField: "phone"},
 	{name: "TemplateTwice", value: `{"template":"a","phone":"+8613800138000","template":"b"}`, wantField: "template"},
@@ -111,7 +129,7 @@ func TestDecode(t *testing.T) {
 					t.Fatalf("Decode: %v", err)
 				}
 				if got.Key != tt.want.Key || got.To != tt.want.To || got.Template != tt.want.Template ||
-					!maps.Equal(got.Params, tt.want.Params) || got.Params == nil {
+					!maps.Equal(got.Params, tt.want.Params) || got.Params == nil || !got.ExpiresAt.Equal(tt.want.ExpiresAt) {
 					t.Fatalf("Decode = %+v, want %+v", got, tt.want)
 				}
 				return

@@ -12,6 +12,13 @@
 // sends again with the same key. The lease keeps two workers from sending for one key at the same
 // time.
 //
+// Check, the last step before each send, also declines what is not to be sent: an SMS too old to be
+// of use (its event's expires_at, or its template's validity from its production time, Config.
+// Validity) is recorded EXPIRED (inboxworker.Expired); one over its recipient's limits (Config.
+// RecipientLimits, counted in Postgres by idempotency key: see recipient.go) is recorded SUPPRESSED
+// (inboxworker.Suppressed). Either is recorded with its key, so a redelivery stays a no-op, and is
+// never a dead letter.
+//
 // Two senders: HTTPSender speaks the HTTP provider contract (Idempotency-Key header, JSON body, status
 // codes mapped to package fault; with a tracing.Tracer, a client span per request and its
 // traceparent header); LogSender only logs, for development and for deployments without a
@@ -41,7 +48,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -62,6 +71,9 @@ type SMS struct {
 	Template string
 	// Params fill the template's placeholders.
 	Params map[string]string
+	// ExpiresAt, when set, is the event's own expiry: it is not sent after it, whatever the
+	// template's validity says. Zero: the template's validity, if any, holds.
+	ExpiresAt time.Time
 }
 
 // LogValue logs an SMS with its number masked and without its params' values, which may be codes.
@@ -93,22 +105,56 @@ type Sender interface {
 type Config struct {
 	// Sender delivers the messages. Required; NewLogSender when there is no provider.
 	Sender Sender
+	// Validity is how long after it was produced an SMS of each template is still sent
+	// (SMS_VALIDITY); an event's own expires_at wins. Nil: an SMS expires only by its expires_at.
+	Validity Validity
+	// RecipientLimits caps the SMS of each template to one recipient (SMS_RECIPIENT_LIMIT). Nil:
+	// no cap.
+	RecipientLimits RecipientLimits
+	// Hold is how long an SMS that RecipientLimits let through counts against them before its send
+	// is recorded: it must outlast the call and its completion, the route's CallLease. A send never
+	// recorded (dead-lettered) stops counting after it. Defaults to 30s, twice inboxworker's default
+	// CallLease.
+	Hold time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
 
 // Handler applies SMS events: it implements the consumer's CallHandler interface.
 type Handler struct {
-	sender Sender
-	logger *slog.Logger
+	sender   Sender
+	validity Validity
+	limits   RecipientLimits
+	hold     time.Duration
+	logger   *slog.Logger
 }
 
-// NewHandler returns a Handler.
+// defaultHold is Config.Hold's default.
+const defaultHold = 30 * time.Second
+
+// NewHandler returns a Handler, or an error naming the first invalid field of config.
 func NewHandler(config Config) (*Handler, error) {
 	if config.Sender == nil {
 		return nil, errors.New("notify: Config.Sender is required")
 	}
-	return &Handler{sender: config.Sender, logger: cmp.Or(config.Logger, slog.Default())}, nil
+	if config.Hold < 0 {
+		return nil, fmt.Errorf("notify: Config.Hold must be positive, got %s", config.Hold)
+	}
+	for template, d := range config.Validity {
+		if d <= 0 {
+			return nil, fmt.Errorf("notify: Config.Validity[%q] must be positive, got %s", template, d)
+		}
+	}
+	limits := make(RecipientLimits, len(config.RecipientLimits))
+	for template, windows := range config.RecipientLimits {
+		if len(windows) == 0 || slices.ContainsFunc(windows, func(w Window) bool { return w.Count < 1 || w.Period <= 0 }) {
+			return nil, fmt.Errorf("notify: Config.RecipientLimits[%q] needs windows of a positive count and period, got %v",
+				template, windows)
+		}
+		limits[template] = slices.SortedFunc(slices.Values(windows), func(a, b Window) int { return cmp.Compare(a.Period, b.Period) })
+	}
+	return &Handler{sender: config.Sender, validity: maps.Clone(config.Validity), limits: limits,
+		hold: cmp.Or(config.Hold, defaultHold), logger: cmp.Or(config.Logger, slog.Default())}, nil
 }
 
 const insertNotificationSQL = `
@@ -116,31 +162,46 @@ INSERT INTO notifications (idempotency_key, recipient, template, status, provide
 VALUES ($1, $2, $3, 'SENT', $4, $5, clock_timestamp())`
 
 // Check is the first step of an SMS event (see inboxworker.CallHandler), run in the claim transaction
-// of d.Key: an invalid event is a permanent inboxworker.InvalidPayload error, and a key already in
-// notifications (its inbox row has expired; the SMS was sent) is inboxworker.ErrAlreadyApplied, so it is
-// not sent again.
+// of d.Key right before the send: an invalid event is a permanent inboxworker.InvalidPayload error; a
+// key already in notifications (its inbox row has expired; the SMS was sent, or not on purpose) is
+// inboxworker.ErrAlreadyApplied, so it is not sent again. An SMS whose validity has passed is
+// recorded EXPIRED and declined (inboxworker.Expired, see checkExpiry), and one over its recipient's
+// limit is recorded SUPPRESSED and declined (inboxworker.Suppressed, see checkRecipient). Each way
+// costs the transaction one round trip.
 func (h *Handler) Check(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery) error {
 	sms, err := Decode(d.Value)
 	if err != nil {
 		return err
 	}
 	sms.Key = d.Key
-	var sent bool
-	err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM notifications WHERE idempotency_key = $1)`,
-		d.Key).Scan(&sent)
-	if err != nil {
-		return fmt.Errorf("notify: read notifications: %w", err)
+	if at := h.expiry(d, sms); !at.IsZero() && !time.Now().Before(at) {
+		return h.checkExpiry(ctx, tx, d, sms, at)
 	}
-	if sent {
-		h.logger.InfoContext(ctx, "sms already sent under this key; not sending again", slog.Any("sms", sms))
-		return inboxworker.ErrAlreadyApplied
+	if windows := h.limits[sms.Template]; len(windows) > 0 {
+		return h.checkRecipient(ctx, tx, d, sms, windows)
+	}
+	var status string
+	err = tx.QueryRow(ctx, `SELECT status FROM notifications WHERE idempotency_key = $1`, d.Key).Scan(&status)
+	switch {
+	case err == nil:
+		return h.alreadyRecorded(ctx, sms, status)
+	case !errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("notify: read notifications: %w", err)
 	}
 	return nil
 }
 
+// alreadyRecorded is Check's answer for sms, whose key notifications holds with status already.
+func (h *Handler) alreadyRecorded(ctx context.Context, sms SMS, status string) error {
+	h.logger.InfoContext(ctx, "sms already recorded under this key; not sending again", slog.Any("sms", sms),
+		slog.String("status", status))
+	return inboxworker.ErrAlreadyApplied
+}
+
 // Call sends the SMS of d, with no transaction open, and returns the completion that records it as
-// SENT with the provider's message id, in the transaction that writes d.Key's inbox row. A failed
-// send returns the sender's classified error and records nothing.
+// SENT with the provider's message id, in the transaction that writes d.Key's inbox row; for a
+// template with recipient limits, the completion also makes its count final. A failed send returns
+// the sender's classified error and records nothing.
 func (h *Handler) Call(ctx context.Context, d inboxworker.Delivery) (inboxworker.Completion, error) {
 	sms, err := Decode(d.Value)
 	if err != nil {
@@ -159,8 +220,12 @@ func (h *Handler) Call(ctx context.Context, d inboxworker.Delivery) (inboxworker
 			"(none, one that is neither a string nor a number, or two that differ); recording it with none",
 			slog.Any("sms", sms))
 	}
+	sql, args := insertNotificationSQL, []any{sms.Key, sms.To, sms.Template, storedID, max(d.Attempt, 1)}
+	if windows := h.limits[sms.Template]; len(windows) > 0 {
+		sql, args = insertNotificationCountedSQL, append(args, longest(windows).Microseconds())
+	}
 	return func(ctx context.Context, tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, insertNotificationSQL, sms.Key, sms.To, sms.Template, storedID, max(d.Attempt, 1))
+		_, err := tx.Exec(ctx, sql, args...)
 		if err != nil {
 			return fmt.Errorf("notify: record notification: %w", err)
 		}
