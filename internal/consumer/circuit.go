@@ -48,6 +48,9 @@ const (
 	// (which the consumer waits out on its own), or the message waits for data of its own (an order
 	// that does not exist yet).
 	signalNone
+	// signalNotCalled: the handler declined the message without calling the dependency (an SMS
+	// past its validity): a probe that tells nothing, to be followed by another at once.
+	signalNotCalled
 )
 
 // CircuitConfig configures a route's outage circuit. The defaults are discussed in docs/design.md
@@ -112,6 +115,7 @@ type circuit struct {
 	confirmed bool                 // a probe of a key not among them failed: an outage
 	interval  time.Duration        // the wait before the next probe
 	probeAt   time.Time            // while paused, when the next probe may start
+	reprobe   bool                 // the last probe called nothing: the next goes unannounced
 	notOpen   time.Time            // when the route stopped being open
 	pausedFor time.Duration        // total time not open, up to notOpen
 }
@@ -183,7 +187,11 @@ func (c *circuit) Allow() (permit, bool) {
 		return permit{trip: c.trips}, true
 	case RoutePaused:
 		if now := c.config.Now(); !now.Before(c.probeAt) {
-			c.setState(RouteProbing, fmt.Sprintf("probing with one message after %s", c.interval))
+			if c.reprobe {
+				c.setQuietly(RouteProbing)
+			} else {
+				c.setState(RouteProbing, fmt.Sprintf("probing with one message after %s", c.interval))
+			}
 			return permit{probe: true, trip: c.trips}, true
 		}
 	}
@@ -199,6 +207,7 @@ func (c *circuit) Record(p permit, key string, res signal) {
 		if c.state != RouteProbing || p.trip != c.trips {
 			return // not the probe in flight: cannot happen unless a permit is recorded twice
 		}
+		c.reprobe = res == signalNotCalled
 		switch res {
 		case signalAnswered:
 			c.pausedFor += now.Sub(c.notOpen)
@@ -218,6 +227,9 @@ func (c *circuit) Record(p permit, key string, res signal) {
 			c.interval = min(2*c.interval, c.config.MaxProbeInterval)
 			c.probeAt = now.Add(c.interval)
 			c.setState(RoutePaused, fmt.Sprintf("the probe failed; next in %s", c.interval))
+		case signalNotCalled: // told of neither this change nor the next probe's: nothing changed
+			c.probeAt = now
+			c.setQuietly(RoutePaused)
 		default:
 			c.probeAt = now.Add(c.interval)
 			c.setState(RoutePaused, fmt.Sprintf("the probe told nothing; next in %s", c.interval))
@@ -310,12 +322,17 @@ func (c *circuit) Changed() <-chan struct{} {
 
 func (c *circuit) setState(to RouteState, why string) {
 	from := c.state
-	c.state = to
-	close(c.changed)
-	c.changed = make(chan struct{})
+	c.setQuietly(to)
 	if c.config.OnChange != nil {
 		c.config.OnChange(from, to, why)
 	}
+}
+
+// setQuietly changes the state without telling OnChange.
+func (c *circuit) setQuietly(to RouteState) {
+	c.state = to
+	close(c.changed)
+	c.changed = make(chan struct{})
 }
 
 // reset forgets the failures counted while the route was open.

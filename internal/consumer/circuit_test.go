@@ -345,6 +345,38 @@ func TestCircuitProbes(t *testing.T) {
 		}
 	})
 
+	// A probe its handler declined without a call (an expired SMS) is followed by another at
+	// once, and resumes nothing: a backlog of expired messages drains while the provider is down.
+	t.Run("ProbeNotCalled", func(t *testing.T) {
+		t.Parallel()
+		e := newCircuitEnv(t, CircuitConfig{})
+		for i := range 10 {
+			e.run(t, fmt.Sprint("k", i), signalFailed)
+		}
+		e.probe(t, signalFailed) // next in 2s
+		for range 3 {
+			e.probe(t, signalNotCalled)
+			state, at := e.State()
+			if state != RoutePaused || at.After(e.clock.Now()) {
+				t.Fatalf("after a probe that called nothing: %v, next in %s; want paused, next now", state, at.Sub(e.clock.Now()))
+			}
+		}
+		p, ok := e.Allow()
+		if !ok || !p.Probe() {
+			t.Fatal("no probe at once after a probe that called nothing")
+		}
+		e.Record(p, "k", signalFailed)
+		// The probes after one that called nothing are not announced: its start and the end of the
+		// last are.
+		want := []string{"open→paused", "paused→probing", "probing→paused", "paused→probing", "probing→paused"}
+		if got := e.changes(); !slices.Equal(got, want) {
+			t.Errorf("changes %q, want %q", got, want)
+		}
+		if _, at := e.State(); at.Sub(e.clock.Now()) != 4*time.Second {
+			t.Errorf("next probe in %s after a failed one, want 4s: a probe that called nothing changes no interval", at.Sub(e.clock.Now()))
+		}
+	})
+
 	// Runs that started before the pause finish after it: they neither resume the route nor count.
 	t.Run("StaleResults", func(t *testing.T) {
 		t.Parallel()
