@@ -87,8 +87,10 @@ var Namespace = uuid.NewSHA1(uuid.NameSpaceURL, []byte("https://github.com/inbox
 // EventID returns the id of the event of type eventType caused by cause: the UUIDv5 (RFC 9562) of
 // eventType, a NUL byte and cause in Namespace, in its text form. The same type and cause always
 // give the same id; a consumer can compute it too.
-func EventID(eventType, cause string) string {
-	return uuid.NewSHA1(Namespace, []byte(eventType+"\x00"+cause)).String()
+func EventID(eventType, cause string) string { return eventUUID(eventType, cause).String() }
+
+func eventUUID(eventType, cause string) uuid.UUID {
+	return uuid.NewSHA1(Namespace, []byte(eventType+"\x00"+cause))
 }
 
 // Emit writes e to the outbox through tx, the transaction of the handler's effect: the event is
@@ -161,15 +163,17 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text
 ORDER BY ord
 ON CONFLICT (id) DO NOTHING`
 
-// rows are events as the columns of emitSQL.
+// rows are events as the columns of emitSQL. The ids go as 16 bytes each, which pgx sends in
+// binary (text it would first fail to send in binary, then quote).
 type rows struct {
-	ids, topics, aggregateTypes, aggregateIDs, types, payloads []string
-	traces                                                     []*string
+	ids                                                   [][16]byte
+	topics, aggregateTypes, aggregateIDs, types, payloads []string
+	traces                                                []*string
 }
 
 func newRows(events []Event, trace *string) (*rows, error) {
 	n := len(events)
-	r := &rows{ids: make([]string, n), topics: make([]string, n), aggregateTypes: make([]string, n),
+	r := &rows{ids: make([][16]byte, n), topics: make([]string, n), aggregateTypes: make([]string, n),
 		aggregateIDs: make([]string, n), types: make([]string, n), payloads: make([]string, n),
 		traces: make([]*string, n)}
 	for i, e := range events {
@@ -177,7 +181,7 @@ func newRows(events []Event, trace *string) (*rows, error) {
 		if err != nil {
 			return nil, fmt.Errorf("outbox: event %d of %d: %w", i+1, n, err)
 		}
-		r.ids[i], r.topics[i], r.aggregateTypes[i], r.aggregateIDs[i] = e.ID(), e.Topic, e.AggregateType, e.AggregateID
+		r.ids[i], r.topics[i], r.aggregateTypes[i], r.aggregateIDs[i] = eventUUID(e.Type, e.Cause), e.Topic, e.AggregateType, e.AggregateID
 		r.types[i], r.payloads[i], r.traces[i] = e.Type, string(payload), trace
 	}
 	return r, nil
