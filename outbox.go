@@ -22,7 +22,7 @@ type Event = outbox.Event
 // table has its shape.
 func Emit(ctx context.Context, tx pgx.Tx, e Event) error { return outbox.Emit(ctx, tx, e) }
 
-// EmitBatch is Emit for several events, in one statement: for a BatchHandler, the events of its
+// EmitBatch is Emit for several events, in one round trip: for a BatchHandler, the events of its
 // batch.
 func EmitBatch(ctx context.Context, tx pgx.Tx, events []Event) error {
 	return outbox.EmitBatch(ctx, tx, events)

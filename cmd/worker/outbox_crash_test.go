@@ -78,7 +78,7 @@ func TestOutboxCrash(t *testing.T) {
 	}
 	published := func() int {
 		var n int
-		_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NOT NULL`).Scan(&n)
+		_ = db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox) - (SELECT count(*) FROM outbox_waiting)`).Scan(&n)
 		return n
 	}
 	chunk := len(msgs) / 3
@@ -117,7 +117,7 @@ func TestOutboxCrash(t *testing.T) {
 			return fmt.Sprintf("%d of %d callbacks committed", n, len(msgs))
 		}
 		var waiting int
-		_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&waiting)
+		_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox_waiting`).Scan(&waiting)
 		if waiting != 0 {
 			return fmt.Sprintf("%d events waiting", waiting)
 		}

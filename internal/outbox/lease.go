@@ -25,14 +25,15 @@ ON CONFLICT (name) DO UPDATE
 SET holder = excluded.holder, epoch = l.epoch + 1, acquired_at = now(), renewed_at = now(),
     expires_at = excluded.expires_at
 WHERE l.expires_at <= now()
-RETURNING epoch, coalesce((SELECT holder FROM outbox_relay_lease WHERE name = 'relay'), '')`
+RETURNING epoch, coalesce((SELECT holder FROM outbox_relay_lease WHERE name = 'relay'), ''), l.published_position`
 
 // acquire takes the lease if no other relay holds a live one, and reports whether it did.
 func (r *Relay) acquire(ctx context.Context) (bool, error) {
 	start := time.Now()
-	var epoch int64
+	var epoch, cursor int64
 	var previous string
-	err := r.config.Pool.QueryRow(ctx, acquireSQL, r.holder, r.config.LeaseTTL.Microseconds()).Scan(&epoch, &previous)
+	err := r.config.Pool.QueryRow(ctx, acquireSQL, r.holder, r.config.LeaseTTL.Microseconds()).
+		Scan(&epoch, &previous, &cursor)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil
@@ -40,6 +41,8 @@ func (r *Relay) acquire(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("outbox relay: take the lease: %w", inbox.Classify(err))
 	}
 	r.epoch, r.renewed = epoch, start
+	r.cursor, r.marked, r.ahead = cursor, cursor, map[int64]bool{}
+	r.horizon.reset(cursor)
 	r.setHolding(true)
 	attrs := []any{slog.Int64("epoch", epoch), slog.String("holder", r.holder)}
 	if epoch > 1 {
@@ -54,14 +57,15 @@ const renewSQL = `
 UPDATE outbox_relay_lease SET renewed_at = now(), expires_at = now() + $3 * interval '1 microsecond'
 WHERE name = 'relay' AND holder = $1 AND epoch = $2 AND expires_at > now()`
 
-// fetchSQL reads the oldest waiting events, if holder's lease of epoch is live.
+// fetchSQL reads the events after the cursor $3 up to the horizon $4, oldest first, if holder's
+// lease of epoch is live.
 const fetchSQL = `
 SELECT position, id::text, topic, aggregateid, payload::text, tracingspancontext
 FROM outbox
-WHERE published_at IS NULL
+WHERE position > $3 AND position <= $4
   AND EXISTS (SELECT FROM outbox_relay_lease WHERE name = 'relay' AND holder = $1 AND epoch = $2 AND expires_at > now())
 ORDER BY position
-LIMIT $3`
+LIMIT $5`
 
 // row is an event as the relay reads it.
 type row struct {
@@ -73,53 +77,84 @@ type row struct {
 	trace       *string
 }
 
-// fetch reads the next batch, renewing the lease in the same round trip when a renewal is due. It
-// returns no batch, and gives the lease up, when the lease is found lost. The batch is cut to
-// maxBatchBytes; it is in position order, which for each aggregate is the order of its
-// transactions' commits.
-func (r *Relay) fetch(ctx context.Context) ([]row, error) {
+// batch is what a round read: the events after the cursor, in position order.
+type batch struct {
+	rows []row
+	// complete is whether rows are every event after the cursor up to the horizon.
+	complete bool
+}
+
+// fetch moves the horizon on (renewing the lease in the same round trip when a renewal is due),
+// then reads the events after the cursor up to the horizon, at most BatchSize of them and
+// maxBatchBytes of those not already published. It returns no batch, and gives the lease up, when
+// the lease is found lost. The horizon's readings come before the read of the events, in an earlier
+// round trip: the read sees every transaction that the readings found ended.
+func (r *Relay) fetch(ctx context.Context) (batch, error) {
+	if err := r.observe(ctx); err != nil || r.epoch == 0 || r.horizon.at <= r.cursor {
+		return batch{}, err
+	}
+	rows, err := r.config.Pool.Query(ctx, fetchSQL, r.holder, r.epoch, r.cursor, r.horizon.at, r.config.BatchSize)
+	if err != nil {
+		return batch{}, fmt.Errorf("outbox relay: read events: %w", inbox.Classify(err))
+	}
+	defer rows.Close()
+	b := batch{complete: true}
+	size, n := 0, 0
+	for rows.Next() {
+		var e row
+		if err := rows.Scan(&e.position, &e.id, &e.topic, &e.aggregateID, &e.payload, &e.trace); err != nil {
+			return batch{}, fmt.Errorf("outbox relay: read events: %w", err)
+		}
+		n++
+		if !r.ahead[e.position] {
+			if size += messageBytes(e); size > maxBatchBytes && len(b.rows) > 0 {
+				b.complete = false
+				break // the rest in the next round, after these
+			}
+		}
+		b.rows = append(b.rows, e)
+	}
+	if err := rows.Err(); err != nil {
+		return batch{}, fmt.Errorf("outbox relay: read events: %w", inbox.Classify(err))
+	}
+	b.complete = b.complete && n < r.config.BatchSize
+	return b, nil
+}
+
+// observe renews the lease when a renewal is due, and reads the last position drawn and then the
+// emitters, to move the horizon on.
+func (r *Relay) observe(ctx context.Context) error {
 	start := time.Now()
 	b := &pgx.Batch{}
 	renewing := start.Sub(r.renewed) >= renewEvery(r.config.LeaseTTL)
 	if renewing {
 		b.Queue(renewSQL, r.holder, r.epoch, r.config.LeaseTTL.Microseconds())
 	}
-	b.Queue(fetchSQL, r.holder, r.epoch, r.config.BatchSize)
+	b.Queue(lastPositionSQL)
+	b.Queue(emittersSQL)
 	results := r.config.Pool.SendBatch(ctx, b)
 	defer results.Close()
 	if renewing {
 		tag, err := results.Exec()
 		if err != nil {
-			return nil, fmt.Errorf("outbox relay: renew the lease: %w", inbox.Classify(err))
+			return fmt.Errorf("outbox relay: renew the lease: %w", inbox.Classify(err))
 		}
 		if tag.RowsAffected() == 0 {
 			r.lost(ctx)
-			return nil, nil
+			return nil
 		}
 		r.renewed = start
 	}
-	rows, err := results.Query()
-	if err != nil {
-		return nil, fmt.Errorf("outbox relay: read events: %w", inbox.Classify(err))
+	var last int64
+	var emitters []string
+	if err := results.QueryRow().Scan(&last); err != nil {
+		return fmt.Errorf("outbox relay: read the last position: %w", inbox.Classify(err))
 	}
-	var batch []row
-	size := 0
-	for rows.Next() {
-		var e row
-		if err := rows.Scan(&e.position, &e.id, &e.topic, &e.aggregateID, &e.payload, &e.trace); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("outbox relay: read events: %w", err)
-		}
-		if size += messageBytes(e); size > maxBatchBytes && len(batch) > 0 {
-			break // the rest in the next round, after these
-		}
-		batch = append(batch, e)
+	if err := results.QueryRow().Scan(&emitters); err != nil {
+		return fmt.Errorf("outbox relay: read the emitters: %w", inbox.Classify(err))
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("outbox relay: read events: %w", inbox.Classify(err))
-	}
-	return batch, nil
+	r.horizon.observe(last, emitters)
+	return nil
 }
 
 // lost gives up a lease another relay has taken, or that expired while this one could not renew it.
@@ -130,21 +165,34 @@ func (r *Relay) lost(ctx context.Context) {
 	r.setHolding(false)
 }
 
-// markSQL marks published events.
-const markSQL = `UPDATE outbox SET published_at = now() WHERE position = ANY ($1) AND published_at IS NULL`
+// markSQL moves the cursor of holder's lease of epoch on to $3.
+const markSQL = `
+UPDATE outbox_relay_lease SET published_position = $3, published_at = now()
+WHERE name = 'relay' AND holder = $1 AND epoch = $2 AND published_position < $3`
 
-// markUnmarked marks the events published and not yet marked. It runs even once ctx is done: a
-// published event left unmarked is published again.
+// asyncCommitSQL makes the commit of the statements after it, in one round trip, asynchronous: it
+// returns before the commit's WAL record is flushed. The cursor is committed so (and nothing else
+// is): a Postgres crash may lose its last moves, and the next holder then publishes those events
+// again, with their ids, as after a crash of the relay's own; it saves the relay a WAL flush per
+// round, which the emitters' commits would otherwise queue behind.
+const asyncCommitSQL = `SELECT set_config('synchronous_commit', 'off', true)`
+
+// markUnmarked moves the lease's cursor on to the relay's, if it is behind. It runs even once ctx is
+// done: events published and not marked are published again. Once the lease is lost the cursor
+// stays where it is, for the next holder to publish the rest again.
 func (r *Relay) markUnmarked(ctx context.Context) error {
-	if len(r.unmarked) == 0 {
+	if r.marked >= r.cursor || r.epoch == 0 {
 		return nil
 	}
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
 	defer cancel()
-	if _, err := r.config.Pool.Exec(mctx, markSQL, r.unmarked); err != nil {
-		return fmt.Errorf("outbox relay: mark %d events published: %w", len(r.unmarked), inbox.Classify(err))
+	b := &pgx.Batch{}
+	b.Queue(asyncCommitSQL)
+	b.Queue(markSQL, r.holder, r.epoch, r.cursor)
+	if err := r.config.Pool.SendBatch(mctx, b).Close(); err != nil {
+		return fmt.Errorf("outbox relay: mark the events up to %d published: %w", r.cursor, inbox.Classify(err))
 	}
-	r.unmarked = r.unmarked[:0]
+	r.marked = r.cursor
 	return nil
 }
 

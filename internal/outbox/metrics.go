@@ -88,13 +88,14 @@ type Stats struct {
 	Stalled time.Duration
 }
 
-// statsSQL reads the outbox's state: the waiting events through their index, the oldest first by
-// position, and the last publication through the published index, backwards.
+// statsSQL reads the outbox's state: the waiting events (those after the lease's cursor, through
+// the position index), the oldest of them, and the last time the cursor moved.
 const statsSQL = `
-SELECT (SELECT count(*) FROM outbox WHERE published_at IS NULL),
-       coalesce((SELECT extract(epoch FROM now() - created_at) FROM outbox WHERE published_at IS NULL
+SELECT (SELECT count(*) FROM outbox WHERE position > c.at),
+       coalesce((SELECT extract(epoch FROM now() - created_at) FROM outbox WHERE position > c.at
                  ORDER BY position LIMIT 1), 0)::float8,
-       (SELECT extract(epoch FROM now() - max(published_at)) FROM outbox WHERE published_at IS NOT NULL)::float8`
+       (SELECT extract(epoch FROM now() - published_at) FROM outbox_relay_lease WHERE name = 'relay')::float8
+FROM (SELECT coalesce((SELECT published_position FROM outbox_relay_lease WHERE name = 'relay'), 0) AS at) AS c`
 
 // ReadStats reads the outbox's state.
 func (r *Relay) ReadStats(ctx context.Context) (Stats, error) {

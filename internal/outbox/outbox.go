@@ -12,10 +12,16 @@
 // The table has the shape of Debezium's outbox event router (id, aggregatetype, aggregateid, type,
 // payload, tracingspancontext), so that a Debezium connector can relay it instead of Relay.
 //
-// Commit order per aggregate comes from a counter row per aggregate (outbox_sequences), incremented
-// by the emitting statement: its row lock makes a second emitter of one aggregate wait until the
-// first commits or rolls back, so an aggregate's sequence numbers follow commit order and a row the
-// relay has not seen never lands below one it has published (see migrations/00011_outbox.sql).
+// Commit order per aggregate comes from locks, not from counters: an emitter holds, until its
+// transaction ends, its outbox's emitter lock (shared) and each of its aggregates' locks
+// (exclusive), all transaction-level advisory locks, and draws the events' positions under them. A
+// second emitter of one aggregate waits until the first commits or rolls back, so an aggregate's
+// positions follow the order its transactions committed. The relay publishes in position order, and
+// only up to a horizon below which no transaction still running holds a position: it reads the last
+// position drawn, then which transactions hold the emitter lock, and passes that position once all
+// of those have ended (see horizon.go). So a position that commits late is never overtaken, and the
+// relay needs no mark on each row: its cursor (every event up to it published) is one column of its
+// lease.
 //
 // One relay publishes at a time across all the instances sharing the outbox, under a lease in
 // Postgres (holder, epoch, expires_at) that it renews while it runs and that another instance takes
@@ -81,8 +87,10 @@ var Namespace = uuid.NewSHA1(uuid.NameSpaceURL, []byte("https://github.com/inbox
 // EventID returns the id of the event of type eventType caused by cause: the UUIDv5 (RFC 9562) of
 // eventType, a NUL byte and cause in Namespace, in its text form. The same type and cause always
 // give the same id; a consumer can compute it too.
-func EventID(eventType, cause string) string {
-	return uuid.NewSHA1(Namespace, []byte(eventType+"\x00"+cause)).String()
+func EventID(eventType, cause string) string { return eventUUID(eventType, cause).String() }
+
+func eventUUID(eventType, cause string) uuid.UUID {
+	return uuid.NewSHA1(Namespace, []byte(eventType+"\x00"+cause))
 }
 
 // Emit writes e to the outbox through tx, the transaction of the handler's effect: the event is
@@ -96,7 +104,7 @@ func Emit(ctx context.Context, tx pgx.Tx, e Event) error {
 	return EmitBatch(ctx, tx, []Event{e})
 }
 
-// EmitBatch is Emit for several events, in one statement: for a batch handler, the events of its
+// EmitBatch is Emit for several events, in one round trip: for a batch handler, the events of its
 // whole batch. Events of one aggregate are ordered as they are in events.
 func EmitBatch(ctx context.Context, tx pgx.Tx, events []Event) error {
 	if len(events) == 0 {
@@ -106,46 +114,66 @@ func EmitBatch(ctx context.Context, tx pgx.Tx, events []Event) error {
 	if err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, emitSQL, rows.ids, rows.topics, rows.aggregateTypes, rows.aggregateIDs,
-		rows.types, rows.payloads, rows.traces); err != nil {
+	b := &pgx.Batch{}
+	if aggregates := rows.aggregates(); len(aggregates.types) <= MaxAggregateLocks {
+		b.Queue(lockSharedSQL)
+		b.Queue(lockAggregatesSQL, aggregates.types, aggregates.ids)
+	} else {
+		b.Queue(lockExclusiveSQL)
+	}
+	b.Queue(emitSQL, rows.ids, rows.topics, rows.aggregateTypes, rows.aggregateIDs, rows.types, rows.payloads,
+		rows.traces)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("outbox: emit %d events: %w", len(events), err)
 	}
 	inbox.AfterCommit(ctx, func(context.Context) { emitted.notify() })
 	return nil
 }
 
-// emitSQL writes a set of events, each aggregate's numbered after its last (see outbox_sequences in
-// migrations/00011_outbox.sql). The counters are taken in one order, so that two batches of the same
-// aggregates wait for each other rather than deadlock.
-const emitSQL = `
-WITH input AS (
-	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
-		WITH ORDINALITY AS i(id, topic, aggregatetype, aggregateid, type, payload, tracingspancontext, ord)
-), counts AS (
-	SELECT aggregatetype, aggregateid, count(*) AS n FROM input GROUP BY aggregatetype, aggregateid
-), counters AS (
-	INSERT INTO outbox_sequences AS s (aggregatetype, aggregateid, last_seq)
-	SELECT aggregatetype, aggregateid, n FROM counts ORDER BY aggregatetype, aggregateid
-	ON CONFLICT (aggregatetype, aggregateid) DO UPDATE
-	SET last_seq = s.last_seq + excluded.last_seq, updated_at = now()
-	RETURNING aggregatetype, aggregateid, last_seq
+// MaxAggregateLocks is the most aggregates whose locks one EmitBatch takes. Each lock is an entry of
+// Postgres's shared lock table (max_locks_per_transaction × max_connections entries, 6,400 by
+// default), so a batch of more aggregates takes the outbox's emitter lock exclusively instead: it
+// then waits for every other emitter of the outbox, and they for it, until its transaction ends.
+const MaxAggregateLocks = 512
+
+// The emitter's locks, all transaction-level advisory locks: held until the transaction ends, and
+// all taken before the events' positions are drawn. The emitter lock names the outbox by its schema
+// (one outbox per schema), an aggregate's lock the schema, the aggregate's type and its id. A batch
+// takes its aggregates' locks in one order, so that two batches of the same aggregates wait for each
+// other rather than deadlock.
+const (
+	emitterLockKey    = `hashtextextended('inboxworker.outbox.' || current_schema(), 0)`
+	lockSharedSQL     = `SELECT pg_advisory_xact_lock_shared(` + emitterLockKey + `)`
+	lockExclusiveSQL  = `SELECT pg_advisory_xact_lock(` + emitterLockKey + `)`
+	lockAggregatesSQL = `
+SELECT count(pg_advisory_xact_lock(k)) FROM (
+	SELECT DISTINCT hashtextextended(current_schema() || '/' || length(t) || '/' || t || '/' || i, 0) AS k
+	FROM unnest($1::text[], $2::text[]) AS a(t, i)
+	ORDER BY 1
+) AS l`
 )
-INSERT INTO outbox (id, topic, aggregatetype, aggregateid, type, payload, tracingspancontext, seq)
-SELECT i.id, i.topic, i.aggregatetype, i.aggregateid, i.type, i.payload::json, i.tracingspancontext,
-	c.last_seq - n.n + row_number() OVER (PARTITION BY i.aggregatetype, i.aggregateid ORDER BY i.ord)
-FROM input i JOIN counts n USING (aggregatetype, aggregateid) JOIN counters c USING (aggregatetype, aggregateid)
-ORDER BY i.ord
+
+// emitSQL writes a set of events in their order, each given the next position; an event whose id
+// is already in the outbox is not written again.
+const emitSQL = `
+INSERT INTO outbox (id, topic, aggregatetype, aggregateid, type, payload, tracingspancontext)
+SELECT id, topic, aggregatetype, aggregateid, type, payload::json, tracingspancontext
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+	WITH ORDINALITY AS i(id, topic, aggregatetype, aggregateid, type, payload, tracingspancontext, ord)
+ORDER BY ord
 ON CONFLICT (id) DO NOTHING`
 
-// rows are events as the columns of emitSQL.
+// rows are events as the columns of emitSQL. The ids go as 16 bytes each, which pgx sends in
+// binary (text it would first fail to send in binary, then quote).
 type rows struct {
-	ids, topics, aggregateTypes, aggregateIDs, types, payloads []string
-	traces                                                     []*string
+	ids                                                   [][16]byte
+	topics, aggregateTypes, aggregateIDs, types, payloads []string
+	traces                                                []*string
 }
 
 func newRows(events []Event, trace *string) (*rows, error) {
 	n := len(events)
-	r := &rows{ids: make([]string, n), topics: make([]string, n), aggregateTypes: make([]string, n),
+	r := &rows{ids: make([][16]byte, n), topics: make([]string, n), aggregateTypes: make([]string, n),
 		aggregateIDs: make([]string, n), types: make([]string, n), payloads: make([]string, n),
 		traces: make([]*string, n)}
 	for i, e := range events {
@@ -153,10 +181,27 @@ func newRows(events []Event, trace *string) (*rows, error) {
 		if err != nil {
 			return nil, fmt.Errorf("outbox: event %d of %d: %w", i+1, n, err)
 		}
-		r.ids[i], r.topics[i], r.aggregateTypes[i], r.aggregateIDs[i] = e.ID(), e.Topic, e.AggregateType, e.AggregateID
+		r.ids[i], r.topics[i], r.aggregateTypes[i], r.aggregateIDs[i] = eventUUID(e.Type, e.Cause), e.Topic, e.AggregateType, e.AggregateID
 		r.types[i], r.payloads[i], r.traces[i] = e.Type, string(payload), trace
 	}
 	return r, nil
+}
+
+// aggregates are the distinct aggregates of r, as two columns.
+type aggregates struct{ types, ids []string }
+
+func (r *rows) aggregates() aggregates {
+	type aggregate struct{ typ, id string }
+	seen := make(map[aggregate]bool, len(r.aggregateIDs))
+	var a aggregates
+	for i, id := range r.aggregateIDs {
+		k := aggregate{r.aggregateTypes[i], id}
+		if !seen[k] {
+			seen[k] = true
+			a.types, a.ids = append(a.types, k.typ), append(a.ids, k.id)
+		}
+	}
+	return a
 }
 
 // check validates e and returns its encoded payload.

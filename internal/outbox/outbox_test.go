@@ -72,28 +72,28 @@ func TestEmit(t *testing.T) {
 	}
 
 	rows, _ := db.Pool.Query(ctx, `
-		SELECT id::text, aggregatetype, aggregateid, type, payload::text, topic, seq, tracingspancontext, published_at IS NULL
-		FROM outbox ORDER BY position`)
+		SELECT o.id::text, o.aggregatetype, o.aggregateid, o.type, o.payload::text, o.topic, o.tracingspancontext,
+			w.id IS NOT NULL
+		FROM outbox o LEFT JOIN outbox_waiting w USING (position) ORDER BY o.position`)
 	type stored struct {
 		id, aggregateType, aggregateID, typ, payload, topic string
-		seq                                                 int64
 		trace                                               *string
 		waiting                                             bool
 	}
 	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (stored, error) {
 		var s stored
-		err := r.Scan(&s.id, &s.aggregateType, &s.aggregateID, &s.typ, &s.payload, &s.topic, &s.seq, &s.trace, &s.waiting)
+		err := r.Scan(&s.id, &s.aggregateType, &s.aggregateID, &s.typ, &s.payload, &s.topic, &s.trace, &s.waiting)
 		return s, err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []stored{
-		{id: e.ID(), aggregateType: "order", aggregateID: "A-1", typ: "order.test", payload: `{"order_no":"A-1", "n":1}`, topic: topic, seq: 1, waiting: true},
-		{id: orderEvent("A-1", 2).ID(), aggregateType: "order", aggregateID: "A-1", typ: "order.test", payload: `{"n":2,"order_no":"A-1"}`, topic: topic, seq: 2, waiting: true},
-		{id: orderEvent("B-1", 1).ID(), aggregateType: "order", aggregateID: "B-1", typ: "order.test", payload: `{"n":1,"order_no":"B-1"}`, topic: topic, seq: 1, waiting: true},
-		// The event emitted again took number 3 and was not written: a gap.
-		{id: orderEvent("A-1", 3).ID(), aggregateType: "order", aggregateID: "A-1", typ: "order.test", payload: `{"n":3,"order_no":"A-1"}`, topic: topic, seq: 4, waiting: true},
+		{id: e.ID(), aggregateType: "order", aggregateID: "A-1", typ: "order.test", payload: `{"order_no":"A-1", "n":1}`, topic: topic, waiting: true},
+		{id: orderEvent("A-1", 2).ID(), aggregateType: "order", aggregateID: "A-1", typ: "order.test", payload: `{"n":2,"order_no":"A-1"}`, topic: topic, waiting: true},
+		{id: orderEvent("B-1", 1).ID(), aggregateType: "order", aggregateID: "B-1", typ: "order.test", payload: `{"n":1,"order_no":"B-1"}`, topic: topic, waiting: true},
+		// The event emitted again was not written: its position is a gap.
+		{id: orderEvent("A-1", 3).ID(), aggregateType: "order", aggregateID: "A-1", typ: "order.test", payload: `{"n":3,"order_no":"A-1"}`, topic: topic, waiting: true},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("%d rows, want %d: %+v", len(got), len(want), got)

@@ -9,44 +9,28 @@ import (
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
-// purgeBatchSize is how many rows one purge statement deletes, in a transaction of its own.
+// purgeBatchSize is how many rows one purge statement looks at, in a transaction of its own.
 const purgeBatchSize = 5000
 
-// purgeEventsSQL deletes up to $2 events published before $1, found through the published index
-// and deleted by their physical row address.
+// purgeEventsSQL deletes, of the $2 oldest events published (at or below the lease's cursor), those
+// written before $1, and says how many it deleted and how many it looked at. The events are in
+// position order, and so in the order they were written, give or take the few microseconds between
+// an emitter drawing a position and stamping created_at: the purge stops at the first page that has
+// an event too young, without reading the rest.
 const purgeEventsSQL = `
-WITH deleted AS (
-	DELETE FROM outbox WHERE ctid = ANY (ARRAY(
-		SELECT ctid FROM outbox WHERE published_at < $1 ORDER BY published_at LIMIT $2))
-	RETURNING 1
-)
-SELECT count(*) FROM deleted`
-
-// purgeSequencesSQL deletes the counters of aggregates that emitted nothing since $1, among up to
-// $2 counters after the key ($3, $4), and returns how many it deleted and the last key it looked
-// at ("" when it reached the end): a sweep in key order, with no index on updated_at for every
-// emission to maintain. A counter an emitter has just updated is not deleted: the delete waits for
-// the emitter's row lock, then sees its updated_at. An aggregate whose counter is gone numbers its
-// next event 1 again; the relay orders by position, which follows the counter's lock either way.
-const purgeSequencesSQL = `
 WITH page AS (
-	SELECT aggregatetype, aggregateid, updated_at FROM outbox_sequences
-	WHERE (aggregatetype, aggregateid) > ($3, $4)
-	ORDER BY aggregatetype, aggregateid
+	SELECT position, created_at FROM outbox
+	WHERE position <= coalesce((SELECT published_position FROM outbox_relay_lease WHERE name = 'relay'), 0)
+	ORDER BY position
 	LIMIT $2
 ), deleted AS (
-	DELETE FROM outbox_sequences s USING page p
-	WHERE s.aggregatetype = p.aggregatetype AND s.aggregateid = p.aggregateid AND s.updated_at < $1
+	DELETE FROM outbox o USING page p WHERE o.position = p.position AND p.created_at < $1
 	RETURNING 1
-), last AS (
-	SELECT aggregatetype, aggregateid FROM page ORDER BY aggregatetype DESC, aggregateid DESC LIMIT 1
 )
-SELECT (SELECT count(*) FROM deleted), coalesce((SELECT aggregatetype FROM last), ''),
-       coalesce((SELECT aggregateid FROM last), ''), (SELECT count(*) FROM page) = $2`
+SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM page)`
 
-// Purge deletes the events published longer than Retention ago, and the counters of aggregates
-// idle that long, in batches, each in a short transaction of its own. It returns how many events it
-// deleted.
+// Purge deletes the events published and written longer than Retention ago, in batches, each in a
+// short transaction of its own. It returns how many events it deleted.
 func (r *Relay) Purge(ctx context.Context) (int64, error) {
 	var cutoff time.Time
 	if err := r.config.Pool.QueryRow(ctx, `SELECT now() - $1 * interval '1 microsecond'`,
@@ -55,25 +39,15 @@ func (r *Relay) Purge(ctx context.Context) (int64, error) {
 	}
 	var deleted int64
 	for {
-		var n int64
-		if err := r.config.Pool.QueryRow(ctx, purgeEventsSQL, cutoff, purgeBatchSize).Scan(&n); err != nil {
+		var n, seen int64
+		if err := r.config.Pool.QueryRow(ctx, purgeEventsSQL, cutoff, purgeBatchSize).Scan(&n, &seen); err != nil {
 			return deleted, fmt.Errorf("outbox: purge: %w", inbox.Classify(err))
 		}
 		deleted += n
-		if n < purgeBatchSize {
-			break
+		if n < seen || seen < purgeBatchSize {
+			return deleted, nil
 		}
 	}
-	afterType, afterID := "", ""
-	for more := true; more; {
-		var n int64
-		err := r.config.Pool.QueryRow(ctx, purgeSequencesSQL, cutoff, purgeBatchSize, afterType, afterID).
-			Scan(&n, &afterType, &afterID, &more)
-		if err != nil {
-			return deleted, fmt.Errorf("outbox: purge counters: %w", inbox.Classify(err))
-		}
-	}
-	return deleted, nil
 }
 
 // purgeWhileHolding purges every PurgeInterval while this relay holds the lease, so that one

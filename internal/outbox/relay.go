@@ -101,8 +101,13 @@ type Relay struct {
 	// The lease as this relay holds it: only Run's goroutine touches these.
 	epoch   int64     // 0: not held
 	renewed time.Time // local time before the statement that last renewed it
-	// unmarked are events published whose marking failed: they are marked before anything else.
-	unmarked []int64
+	// cursor is the position up to which every event is published; marked is how far the lease's
+	// cursor has been moved on (marked < cursor: to be marked before anything else). ahead are the
+	// events after cursor published already (when a write was acknowledged in part): a later round
+	// moves the cursor over them without sending them again.
+	cursor, marked int64
+	ahead          map[int64]bool
+	horizon        horizon
 
 	// holding is whether the lease is held, for the purger.
 	mu      sync.Mutex
@@ -231,19 +236,29 @@ func retryDelay(n int) time.Duration {
 	return min(d, 5*time.Second)
 }
 
-// round publishes one batch: it marks what is left unmarked, reads a batch (renewing the lease when
-// due), publishes it if the lease is live with a margin, and marks what was acknowledged. It returns
-// how many events it published.
+// round publishes one batch: it marks what is left unmarked, moves the horizon on (renewing the
+// lease when due), reads the events up to it, publishes those not published yet if the lease is live
+// with a margin, and moves the cursor over what was acknowledged. It returns how many events it
+// published.
 func (r *Relay) round(ctx context.Context) (int, error) {
 	if err := r.markUnmarked(ctx); err != nil {
 		return 0, err
 	}
-	batch, err := r.fetch(ctx)
-	if err != nil || len(batch) == 0 {
+	b, err := r.fetch(ctx)
+	if err != nil || len(b.rows) == 0 {
+		if err == nil && b.complete && r.epoch != 0 {
+			r.cursor = max(r.cursor, r.horizon.at) // only positions never committed up to there
+			err = r.markUnmarked(ctx)
+		}
 		return 0, err
 	}
+	sending := r.unpublished(b.rows)
+	if len(sending) == 0 { // all published already, by a write acknowledged in part
+		r.record(b, nil, nil)
+		return 0, r.markUnmarked(ctx)
+	}
 	fence := r.renewed.Add(r.config.LeaseTTL - r.config.WriteTimeout - batchTimeout - fenceMargin)
-	msgs := messages(batch)
+	msgs := messages(sending)
 	if o := r.config.Observer; o != nil {
 		o.Publishing(r.epoch, msgs)
 	}
@@ -264,7 +279,7 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 	if o := r.config.Observer; o != nil {
 		o.Published(r.epoch, msgs, published, werr)
 	}
-	n := r.record(batch, published)
+	n := r.record(b, sending, published)
 	if err := r.markUnmarked(ctx); err != nil {
 		return n, err
 	}
@@ -272,6 +287,20 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 		return n, fmt.Errorf("outbox relay: publish %d events (%d acknowledged): %w", len(msgs), n, werr)
 	}
 	return n, nil
+}
+
+// unpublished are the rows not published yet.
+func (r *Relay) unpublished(rows []row) []row {
+	if len(r.ahead) == 0 {
+		return rows
+	}
+	out := make([]row, 0, len(rows))
+	for _, e := range rows {
+		if !r.ahead[e.position] {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // errFenced is what Observer.Published is told of a batch the fence stopped.
@@ -294,17 +323,35 @@ func acknowledged(n int, err error) []bool {
 	return published
 }
 
-// record queues the acknowledged events of batch for marking and counts them. A partition's events
-// of one round are acknowledged together or not at all (one produce request), so an aggregate's
-// unacknowledged events are all after its acknowledged ones, and are published again, in order, by
-// a later round.
-func (r *Relay) record(batch []row, published []bool) int {
+// record notes the acknowledged events of sent (of b) as published, counts them, and moves the
+// cursor over the longest run of b's events that are all published — to the horizon when b was
+// every event up to it. A partition's events of one round are acknowledged together or not at all
+// (one produce request), so an aggregate's unacknowledged events are all after its acknowledged
+// ones, and are published again, in order, by a later round; the acknowledged events after the
+// cursor are not.
+func (r *Relay) record(b batch, sent []row, published []bool) int {
 	n := 0
 	for i, ok := range published {
 		if ok {
-			r.unmarked = append(r.unmarked, batch[i].position)
-			r.config.Metrics.published(batch[i].topic)
+			r.ahead[sent[i].position] = true
+			r.config.Metrics.published(sent[i].topic)
 			n++
+		}
+	}
+	all := true
+	for _, e := range b.rows {
+		if !r.ahead[e.position] {
+			all = false
+			break
+		}
+		r.cursor = e.position
+	}
+	if all && b.complete {
+		r.cursor = max(r.cursor, r.horizon.at)
+	}
+	for p := range r.ahead {
+		if p <= r.cursor {
+			delete(r.ahead, p)
 		}
 	}
 	return n

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -79,14 +80,16 @@ func TestRelay(t *testing.T) {
 
 // TestCommitOrder: transactions emitting for the same orders at once, holding their transaction
 // open a random while after emitting, some rolling back: each order's events reach the topic in
-// the order their transactions committed, with seq 1, 2, 3… and none of a rolled-back transaction.
+// the order their transactions committed, their positions rising in that order, and none of a
+// rolled-back transaction.
 func TestCommitOrder(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	e.startRelay(e.relayConfig(e.db.Pool))
 	const orders, perOrder = 4, 25
 	var mu sync.Mutex
-	committed := map[string][]string{} // by order: the ids in commit order, as the counter saw it
+	committed := map[string][]string{} // by order: the ids in commit order, as the order's lock saw it
+	last := map[string]int64{}         // by order: the position of its last commit
 	var wg sync.WaitGroup
 	for w := range 8 {
 		wg.Go(func() {
@@ -97,25 +100,27 @@ func TestCommitOrder(t *testing.T) {
 				ev.Cause = fmt.Sprintf("worker %d try %d", w, i)
 				ev.Type = "order.race"
 				rollback := rng.IntN(4) == 0
-				var seq int64
+				var position int64
 				err := inbox.WithTx(context.Background(), e.db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 					if err := outbox.Emit(ctx, tx, ev); err != nil {
 						return err
 					}
-					if err := tx.QueryRow(ctx, `SELECT seq FROM outbox WHERE id = $1`, ev.ID()).Scan(&seq); err != nil {
+					if err := tx.QueryRow(ctx, `SELECT position FROM outbox WHERE id = $1`, ev.ID()).Scan(&position); err != nil {
 						return err
 					}
 					time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
 					if rollback {
 						return errRolledBack
 					}
-					// The counter's lock is held until the commit: no other transaction of the
-					// order can take the next number before this one is recorded here.
+					// The order's lock is held until the commit: no other transaction of the
+					// order can draw a position before this one is recorded here.
 					mu.Lock()
 					committed[orderNo] = append(committed[orderNo], ev.ID())
-					if int64(len(committed[orderNo])) != seq {
-						t.Errorf("order %s: commit %d got seq %d", orderNo, len(committed[orderNo]), seq)
+					if position <= last[orderNo] {
+						t.Errorf("order %s: commit %d at position %d, after one at %d", orderNo,
+							len(committed[orderNo]), position, last[orderNo])
 					}
+					last[orderNo] = position
 					mu.Unlock()
 					return nil
 				})
@@ -336,8 +341,8 @@ func TestRelayKafkaDown(t *testing.T) {
 	checkOrder(t, e.readTopic(), want, false)
 }
 
-// TestPurge: events published longer than the retention ago are deleted, with the counters of
-// aggregates idle that long; the others stay.
+// TestPurge: events published and written longer than the retention ago are deleted; a younger
+// one stays, and so does an old one still waiting to be published.
 func TestPurge(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -348,27 +353,203 @@ func TestPurge(t *testing.T) {
 	e.emit(e.db.Pool, orderEvent("P-1", 1), orderEvent("P-2", 1), orderEvent("P-3", 1))
 	e.waitPublished(3)
 	stop()
-	if _, err := e.db.Pool.Exec(ctx, `
-		UPDATE outbox SET published_at = now() - interval '2 hours' WHERE aggregateid IN ('P-1', 'P-2');
-		UPDATE outbox_sequences SET updated_at = now() - interval '2 hours' WHERE aggregateid = 'P-1'`); err != nil {
-		t.Fatal(err)
-	}
 	e.emit(e.db.Pool, orderEvent("P-4", 1)) // waiting: never purged
-	deleted, err := r.Purge(ctx)
-	if err != nil || deleted != 2 {
-		t.Fatalf("Purge deleted %d events (%v), want 2", deleted, err)
-	}
-	var events, counters []string
-	for q, dst := range map[string]*[]string{
-		`SELECT aggregateid FROM outbox ORDER BY 1`:           &events,
-		`SELECT aggregateid FROM outbox_sequences ORDER BY 1`: &counters,
-	} {
-		rows, _ := e.db.Pool.Query(ctx, q)
-		if *dst, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+	age := func(orders ...string) {
+		t.Helper()
+		if _, err := e.db.Pool.Exec(ctx, `UPDATE outbox SET created_at = now() - interval '2 hours'
+			WHERE aggregateid = ANY ($1)`, orders); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if fmt.Sprint(events) != "[P-3 P-4]" || fmt.Sprint(counters) != "[P-2 P-3 P-4]" {
-		t.Errorf("left events of %v and counters of %v, want [P-3 P-4] and [P-2 P-3 P-4]", events, counters)
+	left := func() string {
+		t.Helper()
+		rows, _ := e.db.Pool.Query(ctx, `SELECT aggregateid FROM outbox ORDER BY 1`)
+		events, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(events)
 	}
+	age("P-1", "P-2", "P-4")
+	if deleted, err := r.Purge(ctx); err != nil || deleted != 2 || left() != "[P-3 P-4]" {
+		t.Fatalf("Purge deleted %d events (%v), left %s; want 2, and [P-3 P-4]", deleted, err, left())
+	}
+	age("P-3")
+	if deleted, err := r.Purge(ctx); err != nil || deleted != 1 || left() != "[P-4]" {
+		t.Fatalf("Purge deleted %d events (%v), left %s; want 1, and the waiting [P-4]", deleted, err, left())
+	}
+}
+
+// TestRelayPartitionDown: while the broker refuses the writes of one partition, the events of the
+// others are published, once; the refused partition's wait, and are published in order once it
+// accepts again, none twice.
+func TestRelayPartitionDown(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var mu sync.Mutex
+	down, refused := true, 0
+	e.cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.cluster.KeepControl()
+		r := req.(*kmsg.ProduceRequest)
+		mu.Lock()
+		defer mu.Unlock()
+		if !down || len(r.Topics) != 1 || len(r.Topics[0].Partitions) != 1 || r.Topics[0].Partitions[0].Partition != 0 {
+			return nil, nil, false
+		}
+		refused++
+		resp := r.ResponseKind().(*kmsg.ProduceResponse)
+		st := kmsg.NewProduceResponseTopic()
+		st.Topic = r.Topics[0].Topic
+		sp := kmsg.NewProduceResponseTopicPartition()
+		sp.ErrorCode = kerr.NotEnoughReplicas.Code
+		st.Partitions = append(st.Partitions, sp)
+		resp.Topics = append(resp.Topics, st)
+		return resp, nil, true
+	})
+	e.startRelay(e.relayConfig(e.db.Pool))
+	want := map[string]int{}
+	for n := 1; n <= 10; n++ {
+		var events []outbox.Event
+		for o := range 12 {
+			orderNo := fmt.Sprintf("D-%d", o)
+			events = append(events, orderEvent(orderNo, n))
+			want[orderNo] = n
+		}
+		e.emit(e.db.Pool, events...)
+	}
+	// Every partition but 0 gets its events while 0 refuses them.
+	eventually(t, func() string {
+		mu.Lock()
+		r := refused
+		mu.Unlock()
+		got := 0
+		for p := 1; p < partitions; p++ {
+			got += len(e.cluster.ReadAll(t, topic, p))
+		}
+		if r < 3 || got == 0 {
+			return fmt.Sprintf("%d writes to partition 0 refused, %d events on the others", r, got)
+		}
+		return ""
+	})
+	mu.Lock()
+	down = false
+	mu.Unlock()
+	e.waitPublished(120)
+	got := e.readTopic()
+	checkOrder(t, got, want, false)
+	if len(got) != 120 {
+		t.Errorf("%d events on the topic, want 120", len(got))
+	}
+}
+
+// TestRelayHorizon: an emitter that drew the lower position and commits last is not overtaken: the
+// relay publishes nothing drawn after it while it runs, and everything, its event first, once it
+// commits. Meanwhile the waiting gauge counts the event committed behind it.
+func TestRelayHorizon(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	config := e.relayConfig(e.db.Pool)
+	config.Metrics = outbox.NewMetrics(reg)
+	e.startRelay(config)
+	e.emit(e.db.Pool, orderEvent("H-0", 1))
+	e.waitPublished(1)
+
+	slow, err := e.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Rollback(ctx)
+	if err := outbox.Emit(ctx, slow, orderEvent("H-1", 1)); err != nil {
+		t.Fatal(err)
+	}
+	e.emit(e.db.Pool, orderEvent("H-2", 1)) // a higher position, committed first
+	eventually(t, func() string {
+		if w := gauge(t, reg, "inboxworker_outbox_waiting"); w != 1 {
+			return fmt.Sprintf("waiting gauge %v, want the 1 event behind the open emitter", w)
+		}
+		return ""
+	})
+	time.Sleep(10 * config.PollInterval) // rounds of the relay, which must publish nothing
+	if got := e.readTopic(); len(got) != 1 {
+		t.Fatalf("published %d events while the emitter of the lower position runs, want only the first", len(got))
+	}
+	if err := slow.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitPublished(3)
+	var keys []string
+	for p := range partitions {
+		for _, m := range e.cluster.ReadAll(t, topic, p) {
+			keys = append(keys, string(m.Key))
+		}
+	}
+	slices.Sort(keys)
+	if fmt.Sprint(keys) != "[H-0 H-1 H-2]" {
+		t.Errorf("published %v, want H-0, H-1 and H-2 once each", keys)
+	}
+}
+
+// TestEmitManyAggregates: a batch of more aggregates than MaxAggregateLocks takes the emitter lock
+// alone, exclusively: another emitter waits for its commit; a smaller batch takes the shared
+// emitter lock and one lock per aggregate. Both are published, each order's in order.
+func TestEmitManyAggregates(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	advisoryLocks := func(tx pgx.Tx) int {
+		t.Helper()
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).
+			Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	want := map[string]int{}
+	var many []outbox.Event
+	for o := range outbox.MaxAggregateLocks + 1 {
+		many = append(many, orderEvent(fmt.Sprintf("M-%d", o), 1))
+		want[fmt.Sprintf("M-%d", o)] = 1
+	}
+	big, err := e.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer big.Rollback(ctx)
+	if err := outbox.EmitBatch(ctx, big, many); err != nil {
+		t.Fatal(err)
+	}
+	if n := advisoryLocks(big); n != 1 {
+		t.Errorf("a batch of %d aggregates holds %d advisory locks, want 1", len(many), n)
+	}
+	other := make(chan error, 1)
+	go func() {
+		other <- inbox.WithTx(ctx, e.db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+			if err := outbox.EmitBatch(ctx, tx, []outbox.Event{orderEvent("M-0", 2), orderEvent("N-1", 1)}); err != nil {
+				return err
+			}
+			if n := advisoryLocks(tx); n != 3 {
+				t.Errorf("a batch of 2 aggregates holds %d advisory locks, want 3", n)
+			}
+			return nil
+		})
+	}()
+	time.Sleep(100 * time.Millisecond)
+	select {
+	case err := <-other:
+		t.Fatalf("another emitter emitted (%v) while the batch of many aggregates held the emitter lock", err)
+	default:
+	}
+	if err := big.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-other; err != nil {
+		t.Fatal(err)
+	}
+	want["M-0"], want["N-1"] = 2, 1
+	e.startRelay(e.relayConfig(e.db.Pool))
+	e.waitPublished(len(many) + 2)
+	checkOrder(t, e.readTopic(), want, false)
 }

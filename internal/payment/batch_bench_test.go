@@ -22,13 +22,21 @@ var benchOrders atomic.Int64
 // as the consumer does: one inbox transaction per batch of benchBatchSize, with the claim and
 // HandleBatch's one statement (the provider transaction's binding, the order update and the payments
 // row), committed. Compare its msgs/s with inbox's BenchmarkProcessBatch, the claim alone.
+// EventsOff emits no order events, EventsOn an order.paid per callback through the outbox, in the
+// same transaction; their ratio is what emission costs the batch in Postgres (the relay, which
+// reads and marks the events afterwards, is internal/outbox's BenchmarkRelay).
 func BenchmarkHandleBatch(b *testing.B) {
+	b.Run("EventsOff", func(b *testing.B) { benchmarkHandleBatch(b, "") })
+	b.Run("EventsOn", func(b *testing.B) { benchmarkHandleBatch(b, eventsTopic) })
+}
+
+func benchmarkHandleBatch(b *testing.B, events string) {
 	db := pgtest.Schema(b)
 	store, err := inbox.NewStore(db.Pool, inbox.Config{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	handler, err := payment.NewHandler(payment.Config{Logger: slog.New(slog.DiscardHandler)})
+	handler, err := payment.NewHandler(payment.Config{EventsTopic: events, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -57,7 +57,7 @@ type applied struct {
 	effect string
 }
 
-// emit emits, in one statement, the order events of the callbacks applied, unless the handler has
+// emit emits, in one round trip, the order events of the callbacks applied, unless the handler has
 // no events topic.
 func (h *Handler) emit(ctx context.Context, tx pgx.Tx, done []applied) error {
 	if h.events == "" || len(done) == 0 {

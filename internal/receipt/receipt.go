@@ -72,7 +72,7 @@ func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery)
 }
 
 // HandleBatch applies order events through tx, the transaction of their inbox rows: for the
-// order.paid events whose order has a valid phone, one SMS event each, all emitted in one statement
+// order.paid events whose order has a valid phone, one SMS event each, all emitted in one round trip
 // after one read of the orders. An event that is not a JSON object with event_id, type and
 // order_no is refused (invalid_payload), and the later ones are left.
 func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, ds []inboxworker.Delivery) []error {
