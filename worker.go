@@ -76,7 +76,8 @@ type Config struct {
 	// outbox's relay, which publishes the committed events — one instance of the group at a time,
 	// under a lease in Postgres. Leave it empty when Debezium relays the outbox table.
 	EventTopics []string
-	// OutboxRetention is how long a published event stays in the outbox table. Defaults to 24h.
+	// OutboxRetention is how long an event stays in the outbox table, from when it was written; an
+	// event is never purged before it is published. Defaults to 24h.
 	OutboxRetention time.Duration
 	// Registerer, when set, gets the worker's Prometheus metrics (inboxworker_*), every series at 0
 	// from the start.

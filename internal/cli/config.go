@@ -27,7 +27,8 @@ type Config struct {
 	// Routes are the settings of each route (routes.go), by name.
 	Routes    map[string]*routeSettings
 	DLQSuffix string
-	// OutboxRetention is how long a published event stays in the outbox table.
+	// OutboxRetention is how long an event stays in the outbox table, from when it was written; an
+	// event is never purged before it is published.
 	OutboxRetention time.Duration
 
 	SMSProviderURL   string
@@ -157,7 +158,7 @@ var settings = []*setting{
 		Bound: envflag.Durations(100*time.Millisecond, time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryParkAfter, v) }},
 	{Env: "OUTBOX_RETENTION", Flag: "outbox-retention", Default: "24h", Meta: "DURATION", Use: useWorker,
-		Usage: "how long a published event stays in the outbox table before it is purged",
+		Usage: "how long an event stays in the outbox table, from when it was written, before it is purged once published",
 		Bound: envflag.Durations(time.Minute, 720*time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.OutboxRetention, v) }},
 	{Env: "BATCH_SIZE", Flag: "batch-size", Default: "256", Meta: "N", Use: useWorker,
