@@ -93,7 +93,12 @@ func (p *partition) applyRun(ctx context.Context, msgs []*entry, hs []history) b
 			"first_offset", msgs[0].msg.Offset, "last_offset", msgs[len(msgs)-1].msg.Offset, "error", r.err)
 		return p.applyEach(ctx, msgs, hs, began)
 	}
+	return p.isolate(ctx, msgs, hs, r, began)
+}
 
+// isolate takes msgs, whose transaction r failed on the message at r.failed, on without it: those
+// before it in a transaction of their own (applyRun again), then it alone.
+func (p *partition) isolate(ctx context.Context, msgs []*entry, hs []history, r result, began time.Time) batchProgress {
 	t := r.failed
 	p.log.DebugContext(ctx, "a message failed in a batch; applying the others without it",
 		"offset", msgs[t].msg.Offset, "key", msgs[t].key, "error", r.err)

@@ -338,30 +338,49 @@ func New(config Config) (*Consumer, error) {
 	return c, nil
 }
 
+// validate says what is wrong with config, its defaults applied: the first field found invalid.
 func (config *Config) validate() error {
 	if len(config.Brokers) == 0 {
 		return errors.New("Config.Brokers is required")
 	}
+	if config.Store == nil {
+		return errors.New("Config.Store is required")
+	}
+	if config.DeadLetters == nil {
+		return errors.New("Config.DeadLetters is required")
+	}
+	if err := config.validateRoutes(); err != nil {
+		return err
+	}
+	if err := config.validateDurations(); err != nil {
+		return err
+	}
+	switch {
+	case config.Transactions != PerBatch && config.Transactions != PerMessage:
+		return fmt.Errorf("Config.Transactions must be PerBatch or PerMessage, got %v", config.Transactions)
+	case config.Ordering != ByKey && config.Ordering != ByPartition:
+		return fmt.Errorf("Config.Ordering must be ByKey or ByPartition, got %v", config.Ordering)
+	case config.MaxInFlight < 1:
+		return fmt.Errorf("Config.MaxInFlight must be positive, got %d", config.MaxInFlight)
+	case config.BatchSize < 1:
+		return fmt.Errorf("Config.BatchSize must be positive, got %d", config.BatchSize)
+	}
+	return nil
+}
+
+// validateRoutes says what is wrong with config.Routes: each route on its own, then a topic
+// routed twice or one that would dead-letter into a consumed topic.
+func (config *Config) validateRoutes() error {
 	if len(config.Routes) == 0 {
 		return errors.New("Config.Routes is required")
 	}
 	topics := make(map[string]bool)
 	for i, r := range config.Routes {
-		switch {
-		case r.Topic == "":
-			return fmt.Errorf("Config.Routes[%d].Topic is required", i)
-		case r.Name == "":
-			return fmt.Errorf("Config.Routes[%d].Name is required", i)
-		case (r.Handler == nil) == (r.Call == nil):
-			return fmt.Errorf("Config.Routes[%d] needs a Handler or a Call, and not both", i)
-		case topics[r.Topic]:
+		if err := r.validate(); err != nil {
+			return fmt.Errorf("Config.Routes[%d]%w", i, err)
+		}
+		if topics[r.Topic] {
 			return fmt.Errorf("Config.Routes[%d].Topic %q is routed twice", i, r.Topic)
-		case r.Concurrency < 1:
-			return fmt.Errorf("Config.Routes[%d].Concurrency must be positive, got %d", i, r.Concurrency)
-		case r.RateLimit < 0 || r.RateLimit > 0 && r.Call == nil:
-			return fmt.Errorf("Config.Routes[%d].RateLimit is for call routes, and positive; got %g", i, r.RateLimit)
-		case r.CallLease < 3*time.Millisecond:
-			return fmt.Errorf("Config.Routes[%d].CallLease must be at least 3ms, got %s", i, r.CallLease)
 		}
 		topics[r.Topic] = true
 	}
@@ -370,6 +389,32 @@ func (config *Config) validate() error {
 			return fmt.Errorf("Config.Routes[%d].Topic %q would dead-letter into a consumed topic", i, r.Topic)
 		}
 	}
+	return nil
+}
+
+// validate says what is wrong with r, as the rest of a sentence that starts with its place in
+// Config.Routes.
+func (r Route) validate() error {
+	switch {
+	case r.Topic == "":
+		return errors.New(".Topic is required")
+	case r.Name == "":
+		return errors.New(".Name is required")
+	case (r.Handler == nil) == (r.Call == nil):
+		return errors.New(" needs a Handler or a Call, and not both")
+	case r.Concurrency < 1:
+		return fmt.Errorf(".Concurrency must be positive, got %d", r.Concurrency)
+	case r.RateLimit < 0 || r.RateLimit > 0 && r.Call == nil:
+		return fmt.Errorf(".RateLimit is for call routes, and positive; got %g", r.RateLimit)
+	case r.CallLease < 3*time.Millisecond:
+		return fmt.Errorf(".CallLease must be at least 3ms, got %s", r.CallLease)
+	}
+	return nil
+}
+
+// validateDurations says what is wrong with config's durations: a negative one, or one out of
+// step with another.
+func (config *Config) validateDurations() error {
 	positive := []struct {
 		name string
 		d    time.Duration
@@ -391,34 +436,15 @@ func (config *Config) validate() error {
 			return fmt.Errorf("Config.%s must be positive, got %s", p.name, p.d)
 		}
 	}
-	if config.SessionTimeout < 100*time.Millisecond {
+	switch {
+	case config.SessionTimeout < 100*time.Millisecond:
 		return fmt.Errorf("Config.SessionTimeout must be at least 100ms, got %s", config.SessionTimeout)
-	}
-	if config.Retry.MaxInterval < config.Retry.InitialInterval {
+	case config.Retry.MaxInterval < config.Retry.InitialInterval:
 		return fmt.Errorf("Config.Retry.MaxInterval (%s) must not be less than Retry.InitialInterval (%s)",
 			config.Retry.MaxInterval, config.Retry.InitialInterval)
-	}
-	if config.ParkLease <= config.AttemptTimeout {
+	case config.ParkLease <= config.AttemptTimeout:
 		return fmt.Errorf("Config.ParkLease (%s) must be longer than AttemptTimeout (%s)",
 			config.ParkLease, config.AttemptTimeout)
-	}
-	if config.Transactions != PerBatch && config.Transactions != PerMessage {
-		return fmt.Errorf("Config.Transactions must be PerBatch or PerMessage, got %v", config.Transactions)
-	}
-	if config.Ordering != ByKey && config.Ordering != ByPartition {
-		return fmt.Errorf("Config.Ordering must be ByKey or ByPartition, got %v", config.Ordering)
-	}
-	if config.MaxInFlight < 1 {
-		return fmt.Errorf("Config.MaxInFlight must be positive, got %d", config.MaxInFlight)
-	}
-	if config.BatchSize < 1 {
-		return fmt.Errorf("Config.BatchSize must be positive, got %d", config.BatchSize)
-	}
-	if config.Store == nil {
-		return errors.New("Config.Store is required")
-	}
-	if config.DeadLetters == nil {
-		return errors.New("Config.DeadLetters is required")
 	}
 	return nil
 }

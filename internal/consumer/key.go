@@ -44,22 +44,14 @@ var (
 // is not valid JSON and has no key header, as nothing could be read from it.
 func IdempotencyKey(m kafka.Message) (string, fault.Reason, error) {
 	for _, name := range []string{keyHeader, fallbackKeyHeader} {
-		var key string
-		for _, h := range m.Headers {
-			if len(h.Value) == 0 || !strings.EqualFold(h.Key, name) {
-				continue
-			}
-			if key != "" && key != string(h.Value) {
-				return "", fault.InvalidIdempotencyKey,
-					fmt.Errorf("invalid idempotency key: header %s appears twice with different values", name)
-			}
-			key = string(h.Value)
+		key, err := headerKey(m.Headers, name)
+		if err != nil {
+			return "", fault.InvalidIdempotencyKey, err
 		}
 		if key != "" {
 			return checkKey(key, "header "+name)
 		}
 	}
-
 	values, err := eventIDs(m.Value)
 	switch {
 	case errors.Is(err, errNotJSON):
@@ -75,7 +67,27 @@ func IdempotencyKey(m kafka.Message) (string, fault.Reason, error) {
 				fmt.Errorf("invalid idempotency key: JSON field %s appears %d times with different values", keyField, len(values))
 		}
 	}
-	raw := values[0]
+	return fieldKey(values[0])
+}
+
+// headerKey returns the value of the headers named name (case-insensitively), "" when none has a
+// value; headers of the name with different values are an error.
+func headerKey(headers []kafka.Header, name string) (string, error) {
+	var key string
+	for _, h := range headers {
+		if len(h.Value) == 0 || !strings.EqualFold(h.Key, name) {
+			continue
+		}
+		if key != "" && key != string(h.Value) {
+			return "", fmt.Errorf("invalid idempotency key: header %s appears twice with different values", name)
+		}
+		key = string(h.Value)
+	}
+	return key, nil
+}
+
+// fieldKey returns the idempotency key of raw, the JSON value of the member event_id.
+func fieldKey(raw []byte) (string, fault.Reason, error) {
 	switch {
 	case bytes.Equal(raw, []byte("null")):
 		return "", fault.MissingIdempotencyKey, errNoKey
@@ -142,17 +154,22 @@ func hasLoneSurrogate(raw []byte) bool {
 		case 0xDC00 <= u && u <= 0xDFFF:
 			return true
 		case 0xD800 <= u && u <= 0xDBFF:
-			if i+2 >= len(raw) || raw[i+1] != '\\' || raw[i+2] != 'u' {
-				return true
-			}
-			low, ok := hex4(raw, i+3)
-			if !ok || low < 0xDC00 || low > 0xDFFF {
+			if !lowSurrogateAt(raw, i+1) {
 				return true
 			}
 			i += 6
 		}
 	}
 	return false
+}
+
+// lowSurrogateAt reports whether raw[i:] starts with a \\u escape of a low surrogate.
+func lowSurrogateAt(raw []byte, i int) bool {
+	if i+1 >= len(raw) || raw[i] != '\\' || raw[i+1] != 'u' {
+		return false
+	}
+	low, ok := hex4(raw, i+2)
+	return ok && 0xDC00 <= low && low <= 0xDFFF
 }
 
 // hex4 reads the four hex digits at raw[i:].

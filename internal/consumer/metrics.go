@@ -38,76 +38,66 @@ type Metrics struct {
 // NewMetrics creates the metrics and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inboxworker_messages_total",
-			Help: "Messages finished, by topic and outcome (applied, duplicate, dead_lettered, and expired or suppressed: declined by their handler on purpose, their key recorded).",
-		}, []string{"topic", "outcome"}),
-		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inboxworker_retries_total",
-			Help: "Retries of messages after a retryable error, by topic.",
-		}, []string{"topic"}),
-		Handle: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "inboxworker_handle_seconds",
+		Messages: newCounter("inboxworker_messages_total",
+			"Messages finished, by topic and outcome (applied, duplicate, dead_lettered, and expired or suppressed: declined by their handler on purpose, their key recorded).",
+			"topic", "outcome"),
+		Retries: newCounter("inboxworker_retries_total",
+			"Retries of messages after a retryable error, by topic.",
+			"topic"),
+		Handle: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "inboxworker_handle_seconds",
 			Help:    "Time to finish a message, retries included (in a batch applied in one transaction, the batch's time), by topic.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
-		}, []string{"topic"}),
-		Lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxworker_consumer_lag",
-			Help: "Messages behind the partition's end offset, from the group's committed offset; every partition of the consumed topics, whichever member owns it.",
-		}, []string{"topic", "partition"}),
-		Stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxworker_consumer_stalled_seconds",
-			Help: "How long the group's committed offset of the partition has not moved while the partition has lag, as seen by this instance; 0 without lag.",
-		}, []string{"topic", "partition"}),
-		DeadLettersStored: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inboxworker_dead_letters_stored_total",
-			Help: "Dead letters their dead-letter topic refused for good (too large, not authorised), kept in the table dead_letters for worker replay, by source topic.",
-		}, []string{"topic"}),
-		Parked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxworker_parked_messages",
-			Help: "Messages parked, waiting for a retry out of their partition's way, by topic.",
-		}, []string{"topic"}),
-		Oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxworker_parked_oldest_seconds",
-			Help: "How long ago the oldest parked message of the topic was parked; 0 when none is.",
-		}, []string{"topic"}),
-		Paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxworker_route_paused",
-			Help: "1 while the topic's route starts nothing, by reason: outage (its dependency looks down; the route is paused or probing) or retry_after (its dependency asked to wait), else 0.",
-		}, []string{"topic", "reason"}),
-		Pauses: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inboxworker_route_pauses_total",
-			Help: "Times the topic's route was paused, by reason (outage, retry_after).",
-		}, []string{"topic", "reason"}),
-		Owner: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxworker_partition_owner",
-			Help: "1 for the member of the group holding the partition, as the group's description says (refreshed with the lag); no series while the group rebalances.",
-		}, []string{"topic", "partition", "member_id", "client_id", "host"}),
-		Assigned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxworker_assigned_partitions",
-			Help: "Partitions of the topic this instance holds in its current generation of the group; 0 before it joins.",
-		}, []string{"topic"}),
+			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)}, []string{"topic"}),
+		Lag: newGauge("inboxworker_consumer_lag",
+			"Messages behind the partition's end offset, from the group's committed offset; every partition of the consumed topics, whichever member owns it.",
+			"topic", "partition"),
+		Stalled: newGauge("inboxworker_consumer_stalled_seconds",
+			"How long the group's committed offset of the partition has not moved while the partition has lag, as seen by this instance; 0 without lag.",
+			"topic", "partition"),
+		DeadLettersStored: newCounter("inboxworker_dead_letters_stored_total",
+			"Dead letters their dead-letter topic refused for good (too large, not authorised), kept in the table dead_letters for worker replay, by source topic.",
+			"topic"),
+		Parked: newGauge("inboxworker_parked_messages",
+			"Messages parked, waiting for a retry out of their partition's way, by topic.",
+			"topic"),
+		Oldest: newGauge("inboxworker_parked_oldest_seconds",
+			"How long ago the oldest parked message of the topic was parked; 0 when none is.",
+			"topic"),
+		Paused: newGauge("inboxworker_route_paused",
+			"1 while the topic's route starts nothing, by reason: outage (its dependency looks down; the route is paused or probing) or retry_after (its dependency asked to wait), else 0.",
+			"topic", "reason"),
+		Pauses: newCounter("inboxworker_route_pauses_total",
+			"Times the topic's route was paused, by reason (outage, retry_after).",
+			"topic", "reason"),
+		Owner: newGauge("inboxworker_partition_owner",
+			"1 for the member of the group holding the partition, as the group's description says (refreshed with the lag); no series while the group rebalances.",
+			"topic", "partition", "member_id", "client_id", "host"),
+		Assigned: newGauge("inboxworker_assigned_partitions",
+			"Partitions of the topic this instance holds in its current generation of the group; 0 before it joins.",
+			"topic"),
+		ConcurrencyLimit: newGauge("inboxworker_route_concurrency_limit",
+			"How many of the topic's handler runs may go at once on this instance now: Route.Concurrency, or less while a call route starts slowly.",
+			"topic"),
+		RateLimit: newGauge("inboxworker_route_rate_limit",
+			"Calls per second the topic's route may make on this instance now: its share of the group's rate limit, lowered while its dependency throttles it; 0 without a limit.",
+			"topic"),
+		RateWaits: newCounter("inboxworker_route_rate_waits_total",
+			"Attempts of the topic's route that waited for its rate limit before they started.",
+			"topic"),
+		CommitFailures: newCounter("inboxworker_offset_commit_failures_total",
+			"Offset commits of the topic's partitions that failed (the broker refused them, or the connection closed): messages since the last commit will be delivered again.",
+			"topic"),
 	}
-	m.ConcurrencyLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "inboxworker_route_concurrency_limit",
-		Help: "How many of the topic's handler runs may go at once on this instance now: Route.Concurrency, or less while a call route starts slowly.",
-	}, []string{"topic"})
-	m.RateLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "inboxworker_route_rate_limit",
-		Help: "Calls per second the topic's route may make on this instance now: its share of the group's rate limit, lowered while its dependency throttles it; 0 without a limit.",
-	}, []string{"topic"})
-	m.RateWaits = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "inboxworker_route_rate_waits_total",
-		Help: "Attempts of the topic's route that waited for its rate limit before they started.",
-	}, []string{"topic"})
-	m.CommitFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "inboxworker_offset_commit_failures_total",
-		Help: "Offset commits of the topic's partitions that failed (the broker refused them, or the connection closed): messages since the last commit will be delivered again.",
-	}, []string{"topic"})
-	reg.MustRegister(m.ConcurrencyLimit, m.RateLimit, m.RateWaits, m.CommitFailures)
-	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag, m.Stalled, m.DeadLettersStored,
-		m.Parked, m.Oldest, m.Paused, m.Pauses, m.Owner, m.Assigned)
+	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag, m.Stalled, m.DeadLettersStored, m.Parked, m.Oldest,
+		m.Paused, m.Pauses, m.ConcurrencyLimit, m.RateLimit, m.RateWaits, m.CommitFailures, m.Owner, m.Assigned)
 	return m
+}
+
+func newCounter(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+}
+
+func newGauge(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
 }
 
 // outcomes are the values of the outcome label.

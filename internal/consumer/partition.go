@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
@@ -23,16 +22,17 @@ var errStopping = errors.New("consumer: stopping")
 const commitInterval = 50 * time.Millisecond
 
 // partition consumes one partition for the generation that assigned it. One goroutine (run) owns
-// its state and goes round
+// its state and goes round its steps, a file each:
 //
 //	fetch → schedule → apply → settle → commit
 //
-// A fetcher goroutine fetches up to MaxInFlight messages ahead of the commit. schedule starts, each
-// on a goroutine of its own, the messages that may start: the next message of every ordering key
-// with nothing in flight (see Config.Ordering), as a batch or one by one, within the route's
-// concurrency. apply takes a dispatch's messages to a finished state (applied, duplicate or
-// dead-lettered). settle marks them finished and frees their keys. commit commits the offset after
-// the highest contiguous finished message.
+// A fetcher goroutine fetches up to MaxInFlight messages ahead of the commit
+// (fetch.go). schedule starts, each on a goroutine of its own, the messages that may start: the
+// next message of every ordering key with nothing in flight (see Config.Ordering), as a batch or
+// one by one, within the route's gate (schedule.go). apply takes a dispatch's messages to a
+// finished state: applied, a duplicate, dead-lettered or parked (apply.go, batch.go). settle marks
+// them finished and frees their keys (settle.go). commit commits the offset after the highest
+// contiguous finished message (commit.go).
 type partition struct {
 	c      *Consumer
 	route  *route
@@ -190,129 +190,55 @@ func (p *partition) loop(work, idle context.Context, fetched <-chan kafka.Messag
 	defer timer.Stop()
 	for {
 		draining := idle.Err() != nil
-		var wake time.Duration
-		if !draining {
-			wake = p.schedule(work, idle)
-		}
-		if due, _ := p.commitDue(draining); due {
-			p.commit()
-		}
-		if _, wait := p.commitDue(draining); wait > 0 && (wake == 0 || wait < wake) {
-			wake = wait // the next commit, or a failed one's retry
-		}
+		wake := p.step(work, idle, draining)
 		if draining && p.running == 0 {
 			return
 		}
-
-		var in <-chan kafka.Message
-		var idleDone <-chan struct{}
-		if !draining {
-			in, idleDone = fetched, idle.Done()
-		}
-		var slot <-chan struct{}
-		if p.wantsSlot && !draining {
-			slot = p.route.gate.slots.changed()
-		}
 		var alarm <-chan time.Time
 		if wake > 0 {
-			timer.Reset(wake)
+			timer.Reset(wake) // since Go 1.23, no stale tick survives a Reset
 			alarm = timer.C
 		}
-		select {
-		case m := <-in:
-			p.add(work, m)
-			p.addMore(work, fetched)
-		case s := <-p.settled:
-			p.settle(s)
-		case <-slot: // a slot of the route was freed: what could start is looked at again
-		case <-alarm:
-		case <-idleDone:
-		}
-		if alarm != nil && !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
+		p.await(work, idle, fetched, draining, alarm)
 	}
 }
 
-// fetch fetches the partition's messages into out until ctx is done, never more than MaxInFlight
-// ahead of the commit.
-func (p *partition) fetch(ctx context.Context, out chan<- kafka.Message) {
-	for {
-		select {
-		case p.room <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
-		m, err := p.reader.FetchMessage(ctx)
-		if err != nil {
-			<-p.room
-			if ctx.Err() != nil {
-				return // a cancelled FetchMessage loses no message
-			}
-			p.log.Warn("cannot fetch from the partition; retrying", "error", err)
-			if p.sleep(ctx, time.Second) != nil {
-				return
-			}
-			continue
-		}
-		if o := p.c.config.Observer; o != nil {
-			o.Fetched(p.topic, p.id, m.Offset)
-		}
-		out <- m // never blocks: out holds MaxInFlight
+// step starts what may start (unless draining) and commits what is due, and says when to look
+// again: 0 when only news can change anything.
+func (p *partition) step(work, idle context.Context, draining bool) (wake time.Duration) {
+	if !draining {
+		wake = p.schedule(work, idle)
 	}
-}
-
-// add takes a fetched message into the window, with its keys.
-func (p *partition) add(ctx context.Context, m kafka.Message) {
-	e := &entry{msg: m, fetched: time.Now()}
-	e.key, e.reason, e.keyErr = p.route.IdempotencyKey(m)
-	switch {
-	case p.c.config.Ordering == ByPartition:
-		e.order = ""
-	case len(m.Key) > 0:
-		e.order = "k" + string(m.Key)
-	case e.keyErr == nil:
-		e.order = "i" + e.key
-	default:
-		e.order = "o" + strconv.FormatInt(m.Offset, 10) // its own: it is dead-lettered, in any order
-	}
-	if p.committed < 0 {
-		p.committed = m.Offset // the partition starts here: what came before is not this run's
-	}
-	p.window = append(p.window, e)
-	p.unstarted++
-	p.guard.fetched(ctx, e)
-}
-
-// addMore takes in whatever else was fetched already, so that one schedule covers it all.
-func (p *partition) addMore(ctx context.Context, fetched <-chan kafka.Message) {
-	for len(p.window) < p.c.config.MaxInFlight {
-		select {
-		case m := <-fetched:
-			p.add(ctx, m)
-		default:
-			return
-		}
-	}
-}
-
-// settle marks the messages of a dispatch that finished and frees its ordering keys.
-func (p *partition) settle(s settled) {
-	p.running--
-	for i, e := range s.d.entries {
-		e.done = i < s.finished
-		delete(p.busy, e.order)
-	}
-	for p.finished < len(p.window) && p.window[p.finished].done {
-		p.finished++
-	}
-	if s.d.starts > 0 && s.finished > 0 {
-		// A message of a range a run died in: its offset is committed before the next starts, so
-		// that the next owner does not count this start against it.
+	if due, _ := p.commitDue(draining); due {
 		p.commit()
+	}
+	if _, wait := p.commitDue(draining); wait > 0 && (wake == 0 || wait < wake) {
+		wake = wait // the next commit, or a failed one's retry
+	}
+	return wake
+}
+
+// await waits for news and takes it in: a fetched message (and whatever else was fetched), a
+// dispatch's result, a slot of the route freed while a message wants one, the alarm, or idle's end.
+// Draining, only results and the alarm count.
+func (p *partition) await(work, idle context.Context, fetched <-chan kafka.Message, draining bool, alarm <-chan time.Time) {
+	var in <-chan kafka.Message
+	var idleDone, slot <-chan struct{}
+	if !draining {
+		in, idleDone = fetched, idle.Done()
+		if p.wantsSlot {
+			slot = p.route.gate.slots.changed()
+		}
+	}
+	select {
+	case m := <-in:
+		p.add(work, m)
+		p.addMore(work, fetched)
+	case s := <-p.settled:
+		p.settle(s)
+	case <-slot: // a slot of the route was freed: what could start is looked at again
+	case <-alarm:
+	case <-idleDone:
 	}
 }
 

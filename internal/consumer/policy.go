@@ -12,7 +12,7 @@ import (
 
 // What happens to a message after an attempt is decided here, and only here: by decide, a pure
 // function of the attempt's result, the message's history and its route's state, whichever of the
-// two executors ran it — the partition, retrying in place (retry.go), or the retrier of the park
+// two executors ran it — the partition, retrying in place (apply.go), or the retrier of the park
 // (retrier.go). Each carries out the decision; neither decides.
 
 // history is what is known of a message's attempts: what the park keeps of a parked one.

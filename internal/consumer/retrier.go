@@ -19,7 +19,7 @@ import (
 // head of each key, as many at once as the route's gate lets start, each on a goroutine of its own,
 // until it is applied, found a duplicate or dead-lettered, and the key's next message gets its
 // turn. It is the park's executor of the policy's decisions (policy.go), as the partition is the
-// executor in place (retry.go). It takes messages only while the gate lets them start — while the
+// executor in place (apply.go). It takes messages only while the gate lets them start — while the
 // route is paused, one probe at a time — and a stop lets the retries in flight finish, within the
 // shutdown timeout, as it does the messages in place.
 type retrier struct {
