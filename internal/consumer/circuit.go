@@ -54,7 +54,7 @@ const (
 )
 
 // CircuitConfig configures a route's outage circuit. The defaults are discussed in docs/design.md
-// (The gate: outage pauses).
+// (The gate: one admission per route).
 type CircuitConfig struct {
 	// ConsecutiveFailures failures in a row, with no answer between them, trip the circuit when they
 	// come from MinKeys keys or more. Defaults to 10.
