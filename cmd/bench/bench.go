@@ -40,6 +40,9 @@ type config struct {
 	// SMSRecipientLimit is the worker's SMS_RECIPIENT_LIMIT in the sms mode: each event is to its
 	// own phone, so none is over it, and the mode measures what counting costs.
 	SMSRecipientLimit string
+	// SMSRateLimit is the sms_rate mode's SMS_RATE_LIMIT, for the whole group of Instances workers.
+	SMSRateLimit float64
+	Instances    int
 	// CPUProfile, when set, is where to write a CPU profile of each mode (with the mode as suffix).
 	CPUProfile string
 	// LogLevel is the level of the worker's log, written as the worker writes it: JSON lines on

@@ -7,6 +7,8 @@
 //	copy     the same inbox and payments rows written by COPY (the Postgres ceiling)
 //	sms      the worker with the SMS handler, sending to a provider that answers after a set latency
 //	         (-provider-latency), one event to each of -phones phones (not run by default)
+//	sms_rate the sms stream through -instances workers of one group under -sms-rate-limit
+//	         (SMS_RATE_LIMIT): the rate the provider saw and its busiest second (not run by default)
 //
 // and, each with a stream of its own (see parking.go), what a stuck message or a dependency's outage
 // costs: overtake, provider_outage and postgres_outage.
@@ -17,6 +19,7 @@
 //
 //	go run ./cmd/bench -n 50000
 //	go run ./cmd/bench -modes sms -provider-latency 100ms -phones 2000
+//	go run ./cmd/bench -modes sms_rate -sms-rate-limit 100 -instances 2 -provider-latency 20ms -phones 3000
 package main
 
 import (
@@ -54,6 +57,8 @@ func main() {
 	flag.DurationVar(&cfg.ProviderLatency, "provider-latency", 100*time.Millisecond, "sms mode: how long the SMS provider takes to answer")
 	flag.StringVar(&cfg.SMSRecipientLimit, "sms-recipient-limit", "",
 		"sms mode: the worker's SMS_RECIPIENT_LIMIT, e.g. verify_code=1/1m;5/1h;10/24h (each event is to its own phone: none is over it)")
+	flag.Float64Var(&cfg.SMSRateLimit, "sms-rate-limit", 100, "sms_rate mode: the worker's SMS_RATE_LIMIT, calls per second for the whole group")
+	flag.IntVar(&cfg.Instances, "instances", 2, "sms_rate mode: workers in the group")
 	flag.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of the timed part of each mode to `file`.<mode>")
 	cfg.LogLevel = slog.LevelWarn
 	flag.TextVar(&cfg.LogLevel, "log-level", cfg.LogLevel,
