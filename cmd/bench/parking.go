@@ -187,23 +187,7 @@ func runOvertake(ctx context.Context, e *env) (result, error) {
 	late := lateOrders(e.cfg.Partitions)
 	w, closeWriter := writer(e.addr, e.topic)
 	defer closeWriter()
-	var first []kafka.Message
-	for _, o := range late {
-		first = append(first, lateCallback(o, "FAILED", 1))
-	}
-	if err := w.WriteMessages(ctx, first...); err != nil {
-		return result{}, err
-	}
-	var rest []kafka.Message
-	for j := range s.n {
-		rest = append(rest, s.message(j))
-		if j == s.n/2 {
-			for _, o := range late {
-				rest = append(rest, lateCallback(o, "SUCCESS", 2))
-			}
-		}
-	}
-	if err := w.WriteMessages(ctx, rest...); err != nil {
+	if err := writeOvertaking(ctx, w, s, late); err != nil {
 		return result{}, err
 	}
 
@@ -217,68 +201,110 @@ func runOvertake(ctx context.Context, e *env) (result, error) {
 		return result{}, err
 	}
 	defer func() { _ = bw.stop() }()
-	created := make(chan error, 1)
-	var ordersAt time.Duration
-	go func() {
-		select {
-		case <-time.After(*overtakeDelay - time.Since(start)):
-		case <-ctx.Done():
-			created <- ctx.Err()
-			return
-		}
-		_, err := e.pool.Exec(ctx, `INSERT INTO orders (order_no, user_id, amount, currency)
-			SELECT unnest($1::text[]), 'user-late', 99.90, 'CNY'`, late)
-		ordersAt = time.Since(start)
-		created <- err
-	}()
+	created := createLateOrders(ctx, e, start, late)
 
-	applied := func(prefix string) (int, error) {
-		var n int
-		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE idempotency_key LIKE $1 || '%'`, prefix).Scan(&n)
-		return n, err
-	}
 	if err := waitUntil(ctx, time.Hour, "the good callbacks applied", func() (bool, error) {
-		n, err := applied("evt-")
+		n, err := appliedKeys(ctx, e, "evt-")
 		return n == s.unique, err
 	}); err != nil {
 		return result{}, err
 	}
 	good := time.Since(start)
-	lateNow, err := applied("late-")
+	lateNow, err := appliedKeys(ctx, e, "late-")
 	if err != nil {
 		return result{}, err
 	}
-	if err := <-created; err != nil {
-		return result{}, fmt.Errorf("create the late orders: %w", err)
+	ordersAt := <-created
+	if ordersAt.err != nil {
+		return result{}, fmt.Errorf("create the late orders: %w", ordersAt.err)
 	}
 	if err := waitUntil(ctx, 10*time.Minute, "the overtaking callbacks applied", func() (bool, error) {
-		n, err := applied("late-")
+		n, err := appliedKeys(ctx, e, "late-")
 		return n == 2*len(late), err
 	}); err != nil {
 		return result{}, err
 	}
 	lateDone := time.Since(start)
 
-	var inOrder, paid int
-	err = e.pool.QueryRow(ctx, `
-		SELECT count(*) FILTER (WHERE a.processed_at < b.processed_at), count(*) FILTER (WHERE o.status = 'PAID')
-		FROM orders o
-		JOIN inbox a ON a.idempotency_key = 'late-' || o.order_no || '-1'
-		JOIN inbox b ON b.idempotency_key = 'late-' || o.order_no || '-2'
-		WHERE o.order_no = ANY ($1)`, late).Scan(&inOrder, &paid)
+	inOrder, paid, err := lateOrdersSettled(ctx, e, late)
 	if err != nil {
 		return result{}, err
 	}
 	dead := bw.count("dead_lettered")
 	note := fmt.Sprintf("overtake: %d good callbacks applied in %s; %d of the %d overtaking callbacks applied by then; "+
 		"their orders created at %s; all applied at %s, %d of %d orders' callbacks in order, %d paid; %d dead letters",
-		s.unique, good.Round(time.Millisecond), lateNow, 2*len(late), ordersAt.Round(time.Millisecond),
+		s.unique, good.Round(time.Millisecond), lateNow, 2*len(late), ordersAt.at.Round(time.Millisecond),
 		lateDone.Round(time.Millisecond), inOrder, len(late), paid, dead)
 	if dead != 0 || paid != len(late) || inOrder != len(late) {
 		return result{}, fmt.Errorf("overtake: %d dead letters, %d of %d late orders paid, %d in order",
 			dead, paid, len(late), inOrder)
 	}
 	return result{Elapsed: good, Messages: s.unique, Note: note}, nil
+}
+
+// writeOvertaking writes the overtake mode's stream to w: first a FAILED callback for each of the
+// late orders, then the good callbacks of s with a SUCCESS for each late order halfway through.
+func writeOvertaking(ctx context.Context, w *kafka.Writer, s stream, late []string) error {
+	var first []kafka.Message
+	for _, o := range late {
+		first = append(first, lateCallback(o, "FAILED", 1))
+	}
+	if err := w.WriteMessages(ctx, first...); err != nil {
+		return err
+	}
+	var rest []kafka.Message
+	for j := range s.n {
+		rest = append(rest, s.message(j))
+		if j == s.n/2 {
+			for _, o := range late {
+				rest = append(rest, lateCallback(o, "SUCCESS", 2))
+			}
+		}
+	}
+	return w.WriteMessages(ctx, rest...)
+}
+
+// ordersCreated is when the late orders were created, counted from the start, or why they were not.
+type ordersCreated struct {
+	at  time.Duration
+	err error
+}
+
+// createLateOrders creates the late orders in the background, -overtake-delay after start, and
+// sends on the channel it returns when that is done, or ctx ends first.
+func createLateOrders(ctx context.Context, e *env, start time.Time, late []string) <-chan ordersCreated {
+	created := make(chan ordersCreated, 1)
+	go func() {
+		select {
+		case <-time.After(*overtakeDelay - time.Since(start)):
+		case <-ctx.Done():
+			created <- ordersCreated{err: ctx.Err()}
+			return
+		}
+		_, err := e.pool.Exec(ctx, `INSERT INTO orders (order_no, user_id, amount, currency)
+			SELECT unnest($1::text[]), 'user-late', 99.90, 'CNY'`, late)
+		created <- ordersCreated{at: time.Since(start), err: err}
+	}()
+	return created
+}
+
+// appliedKeys returns how many inbox rows have an idempotency key starting with prefix.
+func appliedKeys(ctx context.Context, e *env, prefix string) (int, error) {
+	var n int
+	err := e.pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE idempotency_key LIKE $1 || '%'`, prefix).Scan(&n)
+	return n, err
+}
+
+// lateOrdersSettled returns how many of the late orders had their two callbacks applied in order,
+// and how many are paid.
+func lateOrdersSettled(ctx context.Context, e *env, late []string) (inOrder, paid int, err error) {
+	err = e.pool.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE a.processed_at < b.processed_at), count(*) FILTER (WHERE o.status = 'PAID')
+		FROM orders o
+		JOIN inbox a ON a.idempotency_key = 'late-' || o.order_no || '-1'
+		JOIN inbox b ON b.idempotency_key = 'late-' || o.order_no || '-2'
+		WHERE o.order_no = ANY ($1)`, late).Scan(&inOrder, &paid)
+	return inOrder, paid, err
 }
 
 // outageProvider is an SMS provider fake that answers 503 while it is down and honours Idempotency-Key.
@@ -467,6 +493,28 @@ func (p *pgProxy) setCut(cut bool) {
 	}
 }
 
+// proxiedPool starts a pgProxy to the database of -database-url and returns it with a pool of
+// e.pool's settings that connects through it, giving up on a connection after 2s.
+func proxiedPool(ctx context.Context, e *env) (*pgProxy, *pgxpool.Pool, error) {
+	u, err := url.Parse(e.cfg.DatabaseURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	proxy, err := startPGProxy(u.Host)
+	if err != nil {
+		return nil, nil, err
+	}
+	proxied := e.pool.Config().Copy()
+	proxied.ConnConfig.Host, proxied.ConnConfig.Port = "127.0.0.1", uint16(proxy.ln.Addr().(*net.TCPAddr).Port)
+	proxied.ConnConfig.ConnectTimeout = 2 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, proxied)
+	if err != nil {
+		proxy.ln.Close()
+		return nil, nil, err
+	}
+	return proxy, pool, nil
+}
+
 // runPostgresOutage produces N payment callbacks, half before the start and half while Postgres is
 // unreachable for -outage from a second after the start. The clock stops when every callback is
 // applied or dead-lettered.
@@ -475,22 +523,11 @@ func runPostgresOutage(ctx context.Context, e *env) (result, error) {
 	if err := s.createOrders(ctx, e.pool); err != nil {
 		return result{}, err
 	}
-	u, err := url.Parse(e.cfg.DatabaseURL)
-	if err != nil {
-		return result{}, err
-	}
-	proxy, err := startPGProxy(u.Host)
+	proxy, pool, err := proxiedPool(ctx, e)
 	if err != nil {
 		return result{}, err
 	}
 	defer proxy.ln.Close()
-	proxied := e.pool.Config().Copy()
-	proxied.ConnConfig.Host, proxied.ConnConfig.Port = "127.0.0.1", uint16(proxy.ln.Addr().(*net.TCPAddr).Port)
-	proxied.ConnConfig.ConnectTimeout = 2 * time.Second
-	pool, err := pgxpool.NewWithConfig(ctx, proxied)
-	if err != nil {
-		return result{}, err
-	}
 	defer pool.Close()
 
 	w, closeWriter := writer(e.addr, e.topic)

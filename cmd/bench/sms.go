@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
@@ -66,15 +67,7 @@ func runSMS(ctx context.Context, e *env) (result, error) {
 	}
 	transport := &http.Transport{MaxIdleConnsPerHost: 256}
 	defer transport.CloseIdleConnections()
-	sender, err := notify.NewHTTPSender(notify.HTTPConfig{URL: provider.url, Client: &http.Client{Transport: transport}})
-	if err != nil {
-		return result{}, err
-	}
-	limits, err := notify.ParseRecipientLimits(e.cfg.SMSRecipientLimit)
-	if err != nil {
-		return result{}, fmt.Errorf("-sms-recipient-limit: %w", err)
-	}
-	handler, err := notify.NewHandler(notify.Config{Sender: sender, RecipientLimits: limits, Logger: log})
+	handler, err := smsHandler(e.cfg, provider.url, &http.Client{Transport: transport}, log)
 	if err != nil {
 		return result{}, err
 	}
@@ -102,15 +95,8 @@ func runSMS(ctx context.Context, e *env) (result, error) {
 		return result{}, err
 	}
 
-	if err := provider.check(e.cfg.Phones); err != nil {
+	if err := checkSMSSent(ctx, e, provider); err != nil {
 		return result{}, err
-	}
-	var sent int
-	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM notifications WHERE status = 'SENT'`).Scan(&sent); err != nil {
-		return result{}, err
-	}
-	if sent != e.cfg.Phones {
-		return result{}, fmt.Errorf("%d notifications recorded, want %d", sent, e.cfg.Phones)
 	}
 	r := result{Elapsed: elapsed, Messages: e.cfg.Phones, Latencies: progress.latencies}
 	bound := float64(e.cfg.Partitions) / e.cfg.ProviderLatency.Seconds()
@@ -119,6 +105,36 @@ func runSMS(ctx context.Context, e *env) (result, error) {
 		e.cfg.ProviderLatency, e.cfg.Phones, r.rate(), r.rate()/bound, e.cfg.Partitions, e.cfg.ProviderLatency,
 		bound, provider.mostConcurrent())
 	return r, nil
+}
+
+// smsHandler returns the SMS handler of the sms mode: the worker's, sending to url through client,
+// with the recipient limits of -sms-recipient-limit.
+func smsHandler(cfg config, url string, client *http.Client, log *slog.Logger) (*notify.Handler, error) {
+	sender, err := notify.NewHTTPSender(notify.HTTPConfig{URL: url, Client: client})
+	if err != nil {
+		return nil, err
+	}
+	limits, err := notify.ParseRecipientLimits(cfg.SMSRecipientLimit)
+	if err != nil {
+		return nil, fmt.Errorf("-sms-recipient-limit: %w", err)
+	}
+	return notify.NewHandler(notify.Config{Sender: sender, RecipientLimits: limits, Logger: log})
+}
+
+// checkSMSSent checks that each of the cfg.Phones messages made exactly one call to provider and
+// left one notifications row, sent.
+func checkSMSSent(ctx context.Context, e *env, provider *provider) error {
+	if err := provider.check(e.cfg.Phones); err != nil {
+		return err
+	}
+	var sent int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM notifications WHERE status = 'SENT'`).Scan(&sent); err != nil {
+		return err
+	}
+	if sent != e.cfg.Phones {
+		return fmt.Errorf("%d notifications recorded, want %d", sent, e.cfg.Phones)
+	}
+	return nil
 }
 
 // provider is the sms mode's SMS provider: it answers every request after its latency with a

@@ -495,16 +495,34 @@ func (s *summary) total(m map[string]int) int {
 	return n
 }
 
+// readSummary reads what the demo reports: what each topic received and dead-lettered from the
+// broker, and what was applied, the anomalies and the orders from the database.
 func readSummary(ctx context.Context, cfg Config) (*summary, error) {
-	pool := cfg.Pool
 	client, closeClient := localClient(cfg.Broker)
 	defer closeClient()
 	s := &summary{received: map[string]int{}, applied: map[string]int{}, deadLettered: map[string]map[string]int{},
 		anomalies: map[string]int{}}
+	if err := s.readTopics(ctx, client, cfg); err != nil {
+		return nil, err
+	}
+	if err := s.readApplied(ctx, client, cfg); err != nil {
+		return nil, err
+	}
+	if err := s.readAnomalies(ctx, cfg.Pool); err != nil {
+		return nil, err
+	}
+	if err := s.readOrders(ctx, cfg.Pool); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
 
+// readTopics counts the records each topic received (the sum of its partitions' end offsets) and
+// those its dead-letter topic holds, by reason.
+func (s *summary) readTopics(ctx context.Context, client *kafka.Client, cfg Config) error {
 	ends, err := endOffsets(ctx, client, cfg.Partitions, cfg.topics())
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for t, parts := range ends {
 		for _, end := range parts {
@@ -512,60 +530,78 @@ func readSummary(ctx context.Context, cfg Config) (*summary, error) {
 		}
 	}
 	for _, t := range cfg.topics() {
-		if s.deadLettered[t], err = deadLetterReasons(ctx, client, pool, cfg.Partitions, t+cfg.DLQSuffix); err != nil {
-			return nil, err
+		if s.deadLettered[t], err = deadLetterReasons(ctx, client, cfg.Pool, cfg.Partitions, t+cfg.DLQSuffix); err != nil {
+			return err
 		}
 	}
+	return nil
+}
+
+// readApplied counts the messages each topic had applied, each by the rows its handler leaves,
+// and reads the chain of an order's events when the demo has them.
+func (s *summary) readApplied(ctx context.Context, client *kafka.Client, cfg Config) error {
+	pool := cfg.Pool
 	if cfg.TopicPaymentEvents != "" {
 		// An order event applied is an inbox row of the route that reads them.
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE handler = $1`, cfg.EventsInbox).Scan(&n); err != nil {
-			return nil, err
+			return err
 		}
 		s.applied[cfg.TopicPaymentEvents] = n
-		if s.chain, err = readChain(ctx, client, cfg); err != nil {
-			return nil, err
+		chain, err := readChain(ctx, client, cfg)
+		if err != nil {
+			return err
 		}
+		s.chain = chain
 	}
 
 	// An applied callback leaves exactly one row: a payment (the order paid, or a failed payment
 	// recorded) or an anomaly, each naming the idempotency key it was applied under.
 	var payments int
-	err = pool.QueryRow(ctx, `
+	err := pool.QueryRow(ctx, `
 		SELECT count(*) FROM inbox WHERE handler = $1 AND idempotency_key IN (
 			SELECT idempotency_key FROM payments
 			UNION SELECT detail->>'idempotency_key' FROM payment_anomalies)`, cfg.PaymentsInbox).Scan(&payments)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s.applied[cfg.TopicPayments] = payments
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM notifications WHERE status = 'SENT'`).Scan(&s.smsSent); err != nil {
-		return nil, err
+		return err
 	}
 	s.applied[cfg.TopicSMS] = s.smsSent
+	return nil
+}
 
+// readAnomalies counts the anomalies recorded, by kind, leaving out the kinds with none.
+func (s *summary) readAnomalies(ctx context.Context, pool *pgxpool.Pool) error {
 	anomalies, err := payment.CountAnomalies(ctx, pool)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for kind, n := range anomalies {
 		if n.Rows > 0 {
 			s.anomalies[kind] = int(n.Rows)
 		}
 	}
+	return nil
+}
+
+// readOrders reads every order's number and status, in order-number order.
+func (s *summary) readOrders(ctx context.Context, pool *pgxpool.Pool) error {
 	rows, err := pool.Query(ctx, `SELECT order_no, status FROM orders ORDER BY order_no`)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var o [2]string
 		if err := rows.Scan(&o[0], &o[1]); err != nil {
-			return nil, err
+			return err
 		}
 		s.orders = append(s.orders, o)
 	}
-	return s, rows.Err()
+	return rows.Err()
 }
 
 func (s *summary) print(cfg Config) {

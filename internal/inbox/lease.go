@@ -182,31 +182,10 @@ func (s *Store) lease(ctx context.Context, l *lease, call Call) (Outcome, error)
 	msg := l.msg
 	var outcome Outcome
 	err := WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		b.Queue(`SELECT set_config('synchronous_commit', $1, true)`, leaseSynchronousCommit)
-		b.Queue(takeLeaseSQL, msg.Handler, msg.Key, l.holder, call.Lease.Microseconds())
-		b.Queue(`SELECT fingerprint FROM inbox WHERE handler = $1 AND idempotency_key = $2`, msg.Handler, msg.Key)
-		results := tx.SendBatch(ctx, b)
-		_, err := results.Exec()
-		if err == nil {
-			err = results.QueryRow().Scan(&l.attempts)
+		taken, stored, found, err := takeLeaseAndLook(ctx, tx, l, call.Lease)
+		if err != nil {
+			return err
 		}
-		taken := err == nil
-		if errors.Is(err, pgx.ErrNoRows) {
-			err = nil
-		}
-		var stored []byte
-		if err == nil {
-			err = results.QueryRow().Scan(&stored)
-		}
-		found := err == nil
-		if errors.Is(err, pgx.ErrNoRows) {
-			err = nil
-		}
-		if err := errors.Join(err, results.Close()); err != nil {
-			return Classify(fmt.Errorf("inbox: take the lease: %w", err))
-		}
-
 		switch {
 		case found && string(stored) == string(msg.Fingerprint[:]):
 			outcome = Duplicate
@@ -217,30 +196,70 @@ func (s *Store) lease(ctx context.Context, l *lease, call Call) (Outcome, error)
 		case !taken:
 			return s.leaseHeld(ctx, tx, msg)
 		}
-		if call.Check == nil {
-			return nil
-		}
-		err = call.Check(ctx, tx)
-		if err == nil {
-			return nil
-		}
-		recorded, ok := recordedBy(err)
-		if !ok {
-			return classifyEffectError(ctx, tx, err)
-		}
-		// Applied under this key before its inbox row expired, or declined: record the key, with
-		// what Check wrote, and make no call.
-		if _, err := tx.Exec(ctx, forgetLeaseSQL, msg.Handler, msg.Key, l.holder); err != nil {
-			return Classify(fmt.Errorf("inbox: release the lease: %w", err))
-		}
-		outcome, err = s.claim(ctx, tx, msg)
-		if err == nil && outcome == Applied {
-			outcome = recorded
-		}
+		outcome, err = s.runCheck(ctx, tx, l, call)
 		return err
 	})
 	if errors.Is(err, errRollback) {
 		err = nil
+	}
+	return outcome, err
+}
+
+// takeLeaseAndLook sends lease's first statements in one round trip: it takes l's lease for d
+// unless another caller's is live (taken says whether it did, and l.attempts gets the key's count
+// of attempts), and reads the fingerprint of the key's inbox row (found says whether there is one).
+func takeLeaseAndLook(ctx context.Context, tx pgx.Tx, l *lease, d time.Duration) (taken bool, stored []byte, found bool, err error) {
+	msg := l.msg
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('synchronous_commit', $1, true)`, leaseSynchronousCommit)
+	b.Queue(takeLeaseSQL, msg.Handler, msg.Key, l.holder, d.Microseconds())
+	b.Queue(`SELECT fingerprint FROM inbox WHERE handler = $1 AND idempotency_key = $2`, msg.Handler, msg.Key)
+	results := tx.SendBatch(ctx, b)
+	_, err = results.Exec()
+	if err == nil {
+		err = results.QueryRow().Scan(&l.attempts)
+	}
+	taken = err == nil
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = nil
+	}
+	if err == nil {
+		err = results.QueryRow().Scan(&stored)
+	}
+	found = err == nil
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = nil
+	}
+	if err := errors.Join(err, results.Close()); err != nil {
+		return false, nil, false, Classify(fmt.Errorf("inbox: take the lease: %w", err))
+	}
+	return taken, stored, found, nil
+}
+
+// runCheck runs call.Check, if any, in the lease's transaction, once l's lease is taken and the key
+// found not applied. It returns "" to go on with the call; when Check reports the key applied or
+// declines it, it deletes the lease, records the key, and returns the outcome.
+func (s *Store) runCheck(ctx context.Context, tx pgx.Tx, l *lease, call Call) (Outcome, error) {
+	if call.Check == nil {
+		return "", nil
+	}
+	err := call.Check(ctx, tx)
+	if err == nil {
+		return "", nil
+	}
+	recorded, ok := recordedBy(err)
+	if !ok {
+		return "", classifyEffectError(ctx, tx, err)
+	}
+	// Applied under this key before its inbox row expired, or declined: record the key, with
+	// what Check wrote, and make no call.
+	msg := l.msg
+	if _, err := tx.Exec(ctx, forgetLeaseSQL, msg.Handler, msg.Key, l.holder); err != nil {
+		return "", Classify(fmt.Errorf("inbox: release the lease: %w", err))
+	}
+	outcome, err := s.claim(ctx, tx, msg)
+	if err == nil && outcome == Applied {
+		outcome = recorded
 	}
 	return outcome, err
 }

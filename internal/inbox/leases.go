@@ -79,95 +79,138 @@ func (s *Store) commitLeases(ctx context.Context, group []*leaseRequest) error {
 		keys[i], holders[i], leases[i] = c.lease.msg.Key, c.lease.holder, c.call.Lease.Microseconds()
 	}
 	return WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		b.Queue(`SELECT set_config('synchronous_commit', $1, true)`, leaseSynchronousCommit)
-		b.Queue(takeLeasesSQL, handler, keys, holders, leases)
-		// One lookup by primary key per key (see resolveConflicts).
-		b.Queue(`
-			SELECT k.key, (SELECT fingerprint FROM inbox WHERE handler = $1 AND idempotency_key = k.key)
-			FROM unnest($2::text[]) AS k(key)`, handler, keys)
-		results := tx.SendBatch(ctx, b)
-		_, err := results.Exec()
-		taken := make(map[string]int, len(group)) // attempts, by key
-		if err == nil {
-			var key string
-			var attempts int
-			rows, _ := results.Query()
-			_, err = pgx.ForEachRow(rows, []any{&key, &attempts}, func() error {
-				taken[key] = attempts
-				return nil
-			})
+		taken := make(map[string]int, len(group))     // attempts, by key
+		stored := make(map[string][]byte, len(group)) // fingerprints, by key
+		if err := takeLeasesAndLook(ctx, tx, handler, keys, holders, leases, taken, stored); err != nil {
+			return err
 		}
-		stored := make(map[string][]byte, len(group))
-		if err == nil {
-			var key string
-			var fingerprint []byte
-			rows, _ := results.Query()
-			_, err = pgx.ForEachRow(rows, []any{&key, &fingerprint}, func() error {
-				if fingerprint != nil {
-					stored[key] = fingerprint
-				}
-				return nil
-			})
-		}
-		if err := errors.Join(err, results.Close()); err != nil {
-			return Classify(fmt.Errorf("inbox: take the leases: %w", err))
-		}
-
 		var forget []int // requests whose lease, taken, goes: their keys are applied
 		for i, c := range group {
-			msg := c.lease.msg
-			attempts, isTaken := taken[msg.Key]
-			c.lease.attempts = attempts
-			switch fp, found := stored[msg.Key]; {
-			case found && string(fp) == string(msg.Fingerprint[:]):
-				c.outcome = Duplicate
-			case found:
-				c.outcome = KeyReused
-			case !isTaken:
-				c.err = s.leaseHeld(ctx, tx, msg)
-				if !errors.Is(c.err, ErrLeaseHeld) {
-					return c.err // Postgres failed
-				}
-				continue
-			case c.call.Check == nil:
-				continue
-			default:
-				mctx, actions, stop := memberContext(ctx, &c.member)
-				err := c.call.Check(mctx, tx)
-				stop()
-				c.actions = actions
-				if err == nil {
-					continue
-				}
-				recorded, ok := recordedBy(err)
-				if !ok {
-					return &BatchError{Index: i, Err: classifyEffectError(ctx, tx, err)}
-				}
-				// Applied under this key before its inbox row expired, or declined: record the key.
-				outcome, err := s.claim(ctx, tx, msg)
-				if err != nil {
-					return err
-				}
-				c.outcome = outcome
-				if outcome == Applied {
-					c.outcome = recorded
-				}
+			goes, err := s.decideLease(ctx, tx, i, c, taken, stored)
+			if err != nil {
+				return err
 			}
-			if isTaken {
+			if goes {
 				forget = append(forget, i)
 			}
 		}
-		if len(forget) == 0 {
-			return nil
-		}
-		forgetKeys, forgetHolders := make([]string, len(forget)), make([]string, len(forget))
-		for j, i := range forget {
-			forgetKeys[j], forgetHolders[j] = keys[i], holders[i]
-		}
-		if _, err := tx.Exec(ctx, forgetLeasesSQL, handler, forgetKeys, forgetHolders); err != nil {
-			return Classify(fmt.Errorf("inbox: release the leases: %w", err))
-		}
-		return nil
+		return forgetLeases(ctx, tx, handler, keys, holders, forget)
 	})
+}
+
+// takeLeasesAndLook sends commitLeases' first statements in one round trip: it takes the leases of
+// keys, held by holders for leases (in microseconds), unless other callers' are live, and looks for
+// the keys' inbox rows. It fills taken with the count of attempts of each key whose lease it took,
+// and stored with the fingerprint of each key that has an inbox row.
+func takeLeasesAndLook(ctx context.Context, tx pgx.Tx, handler string, keys, holders []string, leases []int64,
+	taken map[string]int, stored map[string][]byte,
+) error {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('synchronous_commit', $1, true)`, leaseSynchronousCommit)
+	b.Queue(takeLeasesSQL, handler, keys, holders, leases)
+	// One lookup by primary key per key (see resolveConflicts).
+	b.Queue(`
+		SELECT k.key, (SELECT fingerprint FROM inbox WHERE handler = $1 AND idempotency_key = k.key)
+		FROM unnest($2::text[]) AS k(key)`, handler, keys)
+	results := tx.SendBatch(ctx, b)
+	_, err := results.Exec()
+	if err == nil {
+		var key string
+		var attempts int
+		rows, _ := results.Query()
+		_, err = pgx.ForEachRow(rows, []any{&key, &attempts}, func() error {
+			taken[key] = attempts
+			return nil
+		})
+	}
+	if err == nil {
+		var key string
+		var fingerprint []byte
+		rows, _ := results.Query()
+		_, err = pgx.ForEachRow(rows, []any{&key, &fingerprint}, func() error {
+			if fingerprint != nil {
+				stored[key] = fingerprint
+			}
+			return nil
+		})
+	}
+	if err := errors.Join(err, results.Close()); err != nil {
+		return Classify(fmt.Errorf("inbox: take the leases: %w", err))
+	}
+	return nil
+}
+
+// decideLease gives request c, the i-th of its group, what the group's lookup says of its key:
+// Duplicate or KeyReused when the key is applied; ErrLeaseHeld when another caller holds its lease;
+// otherwise c.call.Check runs (see runGroupCheck). It reports whether c's lease, taken, goes,
+// its key being recorded. It fails only for an error that fails the group.
+func (s *Store) decideLease(ctx context.Context, tx pgx.Tx, i int, c *leaseRequest,
+	taken map[string]int, stored map[string][]byte,
+) (bool, error) {
+	msg := c.lease.msg
+	attempts, isTaken := taken[msg.Key]
+	c.lease.attempts = attempts
+	switch fp, found := stored[msg.Key]; {
+	case found && string(fp) == string(msg.Fingerprint[:]):
+		c.outcome = Duplicate
+	case found:
+		c.outcome = KeyReused
+	case !isTaken:
+		c.err = s.leaseHeld(ctx, tx, msg)
+		if !errors.Is(c.err, ErrLeaseHeld) {
+			return false, c.err // Postgres failed
+		}
+		return false, nil
+	case c.call.Check == nil:
+		return false, nil
+	default:
+		recorded, err := s.runGroupCheck(ctx, tx, i, c)
+		if err != nil || !recorded {
+			return false, err
+		}
+	}
+	return isTaken, nil
+}
+
+// runGroupCheck runs c.call.Check in the group's transaction, with c's context, keeping the actions
+// it registers with AfterCommit. When Check reports the key applied or declines it, it records the
+// key, sets c's outcome, and reports true. An error of Check fails the group as a *BatchError
+// naming i.
+func (s *Store) runGroupCheck(ctx context.Context, tx pgx.Tx, i int, c *leaseRequest) (bool, error) {
+	mctx, actions, stop := memberContext(ctx, &c.member)
+	err := c.call.Check(mctx, tx)
+	stop()
+	c.actions = actions
+	if err == nil {
+		return false, nil
+	}
+	recorded, ok := recordedBy(err)
+	if !ok {
+		return false, &BatchError{Index: i, Err: classifyEffectError(ctx, tx, err)}
+	}
+	// Applied under this key before its inbox row expired, or declined: record the key.
+	outcome, err := s.claim(ctx, tx, c.lease.msg)
+	if err != nil {
+		return false, err
+	}
+	c.outcome = outcome
+	if outcome == Applied {
+		c.outcome = recorded
+	}
+	return true, nil
+}
+
+// forgetLeases deletes the leases of the requests numbered in forget, whose keys are recorded.
+func forgetLeases(ctx context.Context, tx pgx.Tx, handler string, keys, holders []string, forget []int) error {
+	if len(forget) == 0 {
+		return nil
+	}
+	forgetKeys, forgetHolders := make([]string, len(forget)), make([]string, len(forget))
+	for j, i := range forget {
+		forgetKeys[j], forgetHolders[j] = keys[i], holders[i]
+	}
+	if _, err := tx.Exec(ctx, forgetLeasesSQL, handler, forgetKeys, forgetHolders); err != nil {
+		return Classify(fmt.Errorf("inbox: release the leases: %w", err))
+	}
+	return nil
 }

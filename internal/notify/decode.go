@@ -101,6 +101,8 @@ func decodeTime(fields map[string]json.RawMessage, name string) (time.Time, erro
 	return t, nil
 }
 
+// decodeParams decodes the optional params of an SMS: an object of at most MaxParams strings, each
+// named as paramName says and at most MaxParamValueLen bytes long. Absent or null, it is empty.
 func decodeParams(raw json.RawMessage) (map[string]string, error) {
 	params := map[string]string{}
 	if raw == nil || kind(raw) == "null" {
@@ -120,25 +122,40 @@ func decodeParams(raw json.RawMessage) (map[string]string, error) {
 		return nil, invalid("params", fmt.Errorf("at most %d params, got %d", MaxParams, len(fields)))
 	}
 	for name, value := range fields {
-		if !validName(name, MaxParamNameLen) || '0' <= name[0] && name[0] <= '9' || name[0] == '.' || name[0] == '-' {
+		if !paramName(name) {
 			return nil, invalid("params", fmt.Errorf(
 				"a param name must be 1 to %d characters of A-Z, a-z, 0-9, '_', '.', '-', starting with a letter or '_'",
 				MaxParamNameLen))
 		}
-		field := fmt.Sprintf("params[%q]", name)
-		if kind(value) != "string" {
-			return nil, invalid(field, fmt.Errorf("must be a string, got %s", kind(value)))
-		}
-		var s string
-		if err := json.Unmarshal(value, &s); err != nil {
-			return nil, invalid(field, errors.New("must be a string"))
-		}
-		if len(s) > MaxParamValueLen {
-			return nil, invalid(field, fmt.Errorf("must be at most %d bytes, got %d", MaxParamValueLen, len(s)))
+		s, err := decodeParam(name, value)
+		if err != nil {
+			return nil, err
 		}
 		params[name] = s
 	}
 	return params, nil
+}
+
+// paramName reports whether name can name a param: a name of at most MaxParamNameLen characters (see
+// validName) that starts with a letter or '_'.
+func paramName(name string) bool {
+	return validName(name, MaxParamNameLen) && !('0' <= name[0] && name[0] <= '9' || name[0] == '.' || name[0] == '-')
+}
+
+// decodeParam decodes the value of param name: a string of at most MaxParamValueLen bytes.
+func decodeParam(name string, value json.RawMessage) (string, error) {
+	field := fmt.Sprintf("params[%q]", name)
+	if kind(value) != "string" {
+		return "", invalid(field, fmt.Errorf("must be a string, got %s", kind(value)))
+	}
+	var s string
+	if err := json.Unmarshal(value, &s); err != nil {
+		return "", invalid(field, errors.New("must be a string"))
+	}
+	if len(s) > MaxParamValueLen {
+		return "", invalid(field, fmt.Errorf("must be at most %d bytes, got %d", MaxParamValueLen, len(s)))
+	}
+	return s, nil
 }
 
 func requiredString(fields map[string]json.RawMessage, name string) (string, error) {

@@ -70,30 +70,55 @@ func Decode(value []byte) (Callback, error) {
 	if err != nil {
 		return Callback{}, invalid("payload", "%v", err)
 	}
-	// Of a name given twice, the last member counts, as when the object is read into a map.
-	var eventID, orderNo, provider, providerTxnID, amountRaw, currencyRaw, resultRaw, paidAtRaw []byte
+	f, err := readFields(obj).texts()
+	if err != nil {
+		return Callback{}, err
+	}
+	return f.callback()
+}
+
+// rawFields holds the raw JSON value of each field of a callback, nil for a field the object lacks.
+type rawFields struct {
+	eventID, orderNo, provider, providerTxnID, amount, currency, result, paidAt []byte
+}
+
+// readFields picks the fields of a callback out of obj's members. Of a name given twice, the last
+// member counts, as when the object is read into a map.
+func readFields(obj jsonobject.Object) rawFields {
+	var r rawFields
 	for m := range obj.Members() {
 		switch {
 		case m.Is("event_id"):
-			eventID = m.Value
+			r.eventID = m.Value
 		case m.Is("order_no"):
-			orderNo = m.Value
+			r.orderNo = m.Value
 		case m.Is("provider"):
-			provider = m.Value
+			r.provider = m.Value
 		case m.Is("provider_txn_id"):
-			providerTxnID = m.Value
+			r.providerTxnID = m.Value
 		case m.Is("amount"):
-			amountRaw = m.Value
+			r.amount = m.Value
 		case m.Is("currency"):
-			currencyRaw = m.Value
+			r.currency = m.Value
 		case m.Is("result"):
-			resultRaw = m.Value
+			r.result = m.Value
 		case m.Is("paid_at"):
-			paidAtRaw = m.Value
+			r.paidAt = m.Value
 		}
 	}
+	return r
+}
 
-	var cb Callback
+// fieldTexts holds the string of each field of a callback, checked as stringField and checkText
+// say, before amount, currency, result and paid_at are read for what they mean.
+type fieldTexts struct {
+	eventID, orderNo, provider, providerTxnID, amount, currency, result, paidAt string
+}
+
+// texts reads the string of each field, in the order of the contract; the first field that is
+// missing, not a string, empty, or not a text fails them all.
+func (r rawFields) texts() (fieldTexts, error) {
+	var err error
 	text := func(name string, raw []byte, required bool) string {
 		if err != nil {
 			return ""
@@ -105,33 +130,38 @@ func Decode(value []byte) (Callback, error) {
 		}
 		return s
 	}
-	cb.EventID = text("event_id", eventID, false)
-	cb.OrderNo = text("order_no", orderNo, true)
-	cb.Provider = text("provider", provider, true)
-	cb.ProviderTxnID = text("provider_txn_id", providerTxnID, true)
-	amount := text("amount", amountRaw, true)
-	currency := text("currency", currencyRaw, true)
-	result := text("result", resultRaw, true)
-	paidAt := text("paid_at", paidAtRaw, true)
-	if err != nil {
-		return Callback{}, err
+	f := fieldTexts{
+		eventID:       text("event_id", r.eventID, false),
+		orderNo:       text("order_no", r.orderNo, true),
+		provider:      text("provider", r.provider, true),
+		providerTxnID: text("provider_txn_id", r.providerTxnID, true),
+		amount:        text("amount", r.amount, true),
+		currency:      text("currency", r.currency, true),
+		result:        text("result", r.result, true),
+		paidAt:        text("paid_at", r.paidAt, true),
 	}
+	return f, err
+}
 
-	if cb.Amount, err = parseAmount(amount); err != nil {
+// callback reads amount, currency, result and paid_at for what they mean, and returns the callback.
+func (f fieldTexts) callback() (Callback, error) {
+	cb := Callback{EventID: f.eventID, OrderNo: f.orderNo, Provider: f.provider, ProviderTxnID: f.providerTxnID}
+	var err error
+	if cb.Amount, err = parseAmount(f.amount); err != nil {
 		return Callback{}, err
 	}
-	if !isCurrency(currency) {
-		return Callback{}, invalid("currency", "must be three upper-case letters (ISO 4217), got %s", quote(currency))
+	if !isCurrency(f.currency) {
+		return Callback{}, invalid("currency", "must be three upper-case letters (ISO 4217), got %s", quote(f.currency))
 	}
-	cb.Currency = currency
-	switch Result(result) {
+	cb.Currency = f.currency
+	switch Result(f.result) {
 	case Success, Failed:
-		cb.Result = Result(result)
+		cb.Result = Result(f.result)
 	default:
-		return Callback{}, invalid("result", "must be SUCCESS or FAILED, got %s", quote(result))
+		return Callback{}, invalid("result", "must be SUCCESS or FAILED, got %s", quote(f.result))
 	}
-	if cb.PaidAt, err = time.Parse(time.RFC3339, paidAt); err != nil {
-		return Callback{}, invalid("paid_at", "must be an RFC 3339 timestamp, got %s", quote(paidAt))
+	if cb.PaidAt, err = time.Parse(time.RFC3339, f.paidAt); err != nil {
+		return Callback{}, invalid("paid_at", "must be an RFC 3339 timestamp, got %s", quote(f.paidAt))
 	}
 	return cb, nil
 }

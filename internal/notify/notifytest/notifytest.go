@@ -178,26 +178,44 @@ type requestBody struct {
 	Reference string            `json:"reference"`
 }
 
+// serve answers one request to the endpoint: it reads it, counts it under its key, lets the hook
+// have its say, then delivers the message, or answers as the key's first delivery did.
 func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
+	req, body, ok := p.read(w, r)
+	if !ok {
+		return
+	}
+	k, hook := p.count(&req)
+	defer p.answered(k)
+	if hook != nil && p.intercept(w, r, hook(req)) {
+		return
+	}
+	p.deliver(w, r, k, req, body)
+}
+
+// read reads a request and checks it against the contract: a POST of JSON, with the token when one
+// is required, an Idempotency-Key, a to and a template, and the key again as reference. It answers a
+// request that fails a check itself, and reports false.
+func (p *Provider) read(w http.ResponseWriter, r *http.Request) (Request, []byte, bool) {
 	if r.Method != http.MethodPost {
 		answer(w, http.StatusMethodNotAllowed, map[string]string{"error": "POST only"})
-		return
+		return Request{}, nil, false
 	}
 	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
 		answer(w, http.StatusUnsupportedMediaType, map[string]string{"error": "Content-Type must be application/json"})
-		return
+		return Request{}, nil, false
 	}
 	p.mu.Lock()
 	token := p.token
 	p.mu.Unlock()
 	if token != "" && r.Header.Get("Authorization") != "Bearer "+token {
 		answer(w, http.StatusUnauthorized, map[string]string{"error": "bad or missing token"})
-		return
+		return Request{}, nil, false
 	}
 	var buf bytes.Buffer
 	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, 1<<20)); err != nil {
 		answer(w, http.StatusBadRequest, map[string]string{"error": "unreadable body"})
-		return
+		return Request{}, nil, false
 	}
 	var body requestBody
 	req := Request{Key: r.Header.Get("Idempotency-Key"), Authorization: r.Header.Get("Authorization"),
@@ -205,20 +223,26 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 	switch err := json.Unmarshal(buf.Bytes(), &body); {
 	case req.Key == "":
 		answer(w, http.StatusBadRequest, map[string]string{"error": "Idempotency-Key header required"})
-		return
+		return Request{}, nil, false
 	case err != nil:
 		answer(w, http.StatusBadRequest, map[string]string{"error": "body is not the expected JSON"})
-		return
+		return Request{}, nil, false
 	case body.To == "" || body.Template == "":
 		answer(w, http.StatusBadRequest, map[string]string{"error": "to and template are required"})
-		return
+		return Request{}, nil, false
 	case body.Reference != req.Key:
 		answer(w, http.StatusBadRequest, map[string]string{"error": "reference differs from Idempotency-Key"})
-		return
+		return Request{}, nil, false
 	}
 	req.To, req.Template, req.Params, req.Reference = body.To, body.Template, body.Params, body.Reference
+	return req, buf.Bytes(), true
+}
 
+// count records req, numbering it among its key's calls, and counts it in flight until answered is
+// called. It returns the key's state and the hook to call.
+func (p *Provider) count(req *Request) (*keyState, func(Request) Reply) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	k := p.keys[req.Key]
 	if k == nil {
 		k = &keyState{}
@@ -228,37 +252,46 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 	k.inFlight++
 	k.peak = max(k.peak, k.inFlight)
 	p.inFlight++
-	defer func() {
-		p.mu.Lock()
-		k.inFlight--
-		p.inFlight--
-		p.mu.Unlock()
-	}()
 	req.Call = k.calls
 	req.Params = maps.Clone(req.Params)
-	p.requests = append(p.requests, req)
-	hook := p.hook
+	p.requests = append(p.requests, *req)
+	return k, p.hook
+}
+
+// answered counts a request of key k, counted by count, out of flight.
+func (p *Provider) answered(k *keyState) {
+	p.mu.Lock()
+	k.inFlight--
+	p.inFlight--
 	p.mu.Unlock()
+}
 
-	if hook != nil {
-		reply := hook(req)
-		if !p.wait(r.Context(), reply.Delay) {
-			return
-		}
-		if reply.Status != 0 {
-			if reply.RetryAfter != "" {
-				w.Header().Set("Retry-After", reply.RetryAfter)
-			}
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(reply.Status)
-			_, _ = w.Write([]byte(reply.Body))
-			return
-		}
+// intercept does what a hook's reply says: it waits reply.Delay, then answers with reply.Status
+// when one is set. It reports whether that ended the request: the wait was cut short (nothing is
+// answered then) or the status answered it.
+func (p *Provider) intercept(w http.ResponseWriter, r *http.Request, reply Reply) bool {
+	if !p.wait(r.Context(), reply.Delay) {
+		return true
 	}
+	if reply.Status == 0 {
+		return false
+	}
+	if reply.RetryAfter != "" {
+		w.Header().Set("Retry-After", reply.RetryAfter)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(reply.Status)
+	_, _ = w.Write([]byte(reply.Body))
+	return true
+}
 
+// deliver delivers req, whose key's state is k and whose body is body, the first time its key
+// comes: it gives the message an id, calls the onDelivered function, and answers with the id. To a
+// resend of the same body it answers the same id again; to the key with another body, 422.
+func (p *Provider) deliver(w http.ResponseWriter, r *http.Request, k *keyState, req Request, body []byte) {
 	p.mu.Lock()
 	switch {
-	case k.id != "" && !bytes.Equal(k.body, buf.Bytes()):
+	case k.id != "" && !bytes.Equal(k.body, body):
 		p.mu.Unlock()
 		answer(w, http.StatusUnprocessableEntity, map[string]string{"error": "idempotency key reused with another request"})
 		return
@@ -269,7 +302,7 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	k.id = fmt.Sprintf("msg-%d", len(p.delivered)+1)
-	k.body = bytes.Clone(buf.Bytes())
+	k.body = bytes.Clone(body)
 	p.delivered = append(p.delivered, req)
 	id, onDelivered := k.id, p.onDelivered
 	p.mu.Unlock()
