@@ -28,8 +28,9 @@ func BenchmarkDrainPark(b *testing.B) {
 				b.StopTimer()
 				e.exec(b, `DELETE FROM inbox_parked`)
 				e.exec(b, `DELETE FROM inbox`)
-				e.exec(b, `INSERT INTO inbox_parked (handler, topic, "partition", "offset", ordering_key, idempotency_key, value)
-					SELECT 'h', 't', 0, g, convert_to('k' || (g % $1), 'UTF8'), 'key' || g, '\x00'::bytea
+				e.exec(b, `INSERT INTO inbox_parked (handler, topic, "partition", "offset", ordering_key, idempotency_key, value, fingerprint)
+					SELECT 'h', 't', 0, g, convert_to('k' || (g % $1), 'UTF8'), 'key' || g, '\x00'::bytea,
+						sha256(convert_to('key' || g, 'UTF8'))
 					FROM generate_series(1, $2) g`, keys, parked)
 				e.exec(b, `VACUUM ANALYZE inbox_parked`)
 				b.StartTimer()
