@@ -439,6 +439,47 @@ func TestRateLimitAcrossInstances(t *testing.T) {
 		float64(len(all))/took.Seconds(), rate, clock.busiestSecond())
 }
 
+// TestOutageTripsBeforeBudgets: a provider down from the start, messages arriving one by one and
+// retried in place for
+// longer than their budget (RETRY_PARK_AFTER above RETRY_MAX_ELAPSED, as the defaults of a short
+// budget make): the slow start's limit, halving with each failure, still runs as many keys as the
+// circuit needs to tell an outage from a few bad keys, so the route pauses before any budget runs
+// out, and nothing is dead-lettered.
+func TestOutageTripsBeforeBudgets(t *testing.T) {
+	t.Parallel()
+	e := setup(t, testMode{consumer.PerMessage, consumer.ByKey}, 4)
+	var down atomic.Bool
+	down.Store(true)
+	h := newCaller(func(ctx context.Context, d inbox.Delivery) error {
+		if down.Load() {
+			return fault.Retryable(errors.New("provider answered 503"))
+		}
+		return nil
+	})
+	config := e.callConfig(h)
+	config.Routes[0].Concurrency = 128
+	config.Retry.MaxElapsed, config.ParkAfter = 3*time.Second, 5*time.Second
+	config.Circuit = consumer.CircuitConfig{ProbeInterval: 200 * time.Millisecond, MaxProbeInterval: time.Second}
+	all := keys("sms", 40)
+	e.start(config)
+	// A trickle, as events come: the first failures are of the first one or two keys only.
+	for _, k := range all {
+		e.produce(k)
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.waitFor("the route paused", func() bool { return routePaused(config, "outage") == 1 })
+	time.Sleep(config.Retry.MaxElapsed)
+	down.Store(false)
+	e.waitFor("every message finished", func() bool {
+		return e.committed() == int64(len(all)) && len(e.parkedKeys()) == 0
+	})
+	if dead := e.deadLetters(); len(dead) != 0 {
+		t.Errorf("%d dead letters (%s), want none: the route should pause before a budget runs out",
+			len(dead), header(dead[0], "dlq-reason"))
+	}
+	checkOnce(t, e, all)
+}
+
 // TestSlowStartThroughAnOutage: a provider down from the start meets a few calls, not the route's
 // whole window: the route's concurrency starts small and halves with each failure, and the circuit
 // pauses it after a few. Nothing is dead-lettered, and once the provider is back every message is

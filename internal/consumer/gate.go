@@ -51,14 +51,14 @@ var pauseReasons = []string{pausedOutage, pausedRetryAfter}
 // newGate is the gate of route r: a call route starts slowly, and keeps to its rate.
 func newGate(r Route, cc CircuitConfig, m *Metrics, log *slog.Logger) (*gate, error) {
 	g := &gate{topic: r.Topic, metrics: m, log: log}
-	g.slots = newSlots(r.Concurrency, r.Call != nil, func(limit int) { m.setConcurrency(r.Topic, limit) })
-	g.pace = newPace(r.RateLimit, func(perSecond float64) { m.setRate(r.Topic, perSecond) })
 	cc.OnChange = g.circuitChanged
 	c, err := newCircuit(cc)
 	if err != nil {
 		return nil, err
 	}
 	g.circuit = c
+	g.slots = newSlots(r.Concurrency, r.Call != nil, c.config.MinKeys, func(limit int) { m.setConcurrency(r.Topic, limit) })
+	g.pace = newPace(r.RateLimit, func(perSecond float64) { m.setRate(r.Topic, perSecond) })
 	return g, nil
 }
 

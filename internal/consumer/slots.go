@@ -10,10 +10,14 @@ import (
 // a pause of the route ends and after a probe is answered, its limit is slowStart, and it grows by
 // one with each answered call up to max — doubling per round of calls, as TCP's slow start does —
 // and halves with each retryable failure, so that a provider that has just come back, or is
-// failing, is not met with a whole window of calls at once.
+// failing, is not met with a whole window of calls at once. It never halves below floor: as many
+// keys as the route's circuit needs failing to tell an outage from a few bad keys (a message
+// retried in place keeps its slot through its backoff, so a limit of one would show the circuit
+// one key, and its retry budget would run out before the route pauses).
 type slots struct {
 	max        int
 	slowStart  int // 0: no slow start, the limit is max
+	floor      int
 	mu         sync.Mutex
 	limit      int
 	inUse      int
@@ -24,10 +28,11 @@ type slots struct {
 // slowStartLimit is where a call route's concurrency starts, unless its maximum is lower.
 const slowStartLimit = 4
 
-func newSlots(max int, slowStart bool, onLimitSet func(int)) *slots {
-	s := &slots{max: max, limit: max, freed: make(chan struct{}), onLimitSet: onLimitSet}
+func newSlots(most int, slowStart bool, floor int, onLimitSet func(int)) *slots {
+	s := &slots{max: most, limit: most, floor: max(min(floor, most), 1), freed: make(chan struct{}),
+		onLimitSet: onLimitSet}
 	if slowStart {
-		s.slowStart = min(slowStartLimit, max)
+		s.slowStart = min(max(slowStartLimit, s.floor), most)
 		s.limit = s.slowStart
 	}
 	s.report()
@@ -92,14 +97,14 @@ func (s *slots) succeeded() {
 	s.report()
 }
 
-// failed halves a slow-starting limit, down to one.
+// failed halves a slow-starting limit, down to the floor.
 func (s *slots) failed() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.slowStart == 0 || s.limit == 1 {
+	if s.slowStart == 0 || s.limit <= s.floor {
 		return
 	}
-	s.limit = max(s.limit/2, 1)
+	s.limit = max(s.limit/2, s.floor)
 	s.report()
 }
 

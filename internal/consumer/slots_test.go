@@ -12,7 +12,7 @@ import (
 func TestSlotsSlowStart(t *testing.T) {
 	t.Parallel()
 	var limits []int
-	s := newSlots(10, true, func(limit int) { limits = append(limits, limit) })
+	s := newSlots(10, true, 3, func(limit int) { limits = append(limits, limit) })
 	take := func() int {
 		n := 0
 		for s.tryAcquire() {
@@ -33,15 +33,14 @@ func TestSlotsSlowStart(t *testing.T) {
 		t.Errorf("%d slots after 20 answers, want the route's 10", n)
 	}
 	s.failed()
-	s.failed()
-	if n := take(); n != 2 {
-		t.Errorf("%d slots after two failures, want 10 halved twice, 2", n)
+	if n := take(); n != 5 {
+		t.Errorf("%d slots after a failure, want 10 halved, 5", n)
 	}
 	for range 5 {
 		s.failed()
 	}
-	if n := take(); n != 1 {
-		t.Errorf("%d slots after more failures, want at least 1", n)
+	if n := take(); n != 3 {
+		t.Errorf("%d slots after more failures, want the floor, 3: the keys the circuit needs to see failing", n)
 	}
 	s.restart()
 	if n := take(); n != 4 {
@@ -51,7 +50,7 @@ func TestSlotsSlowStart(t *testing.T) {
 		t.Errorf("limits reported %v, want from 4 to 4", limits)
 	}
 
-	db := newSlots(3, false, nil)
+	db := newSlots(3, false, 3, nil)
 	db.failed()
 	if n := 0; true {
 		for db.tryAcquire() {
@@ -67,7 +66,7 @@ func TestSlotsSlowStart(t *testing.T) {
 func TestSlotsAcquire(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		s := newSlots(2, true, nil)
+		s := newSlots(2, true, 3, nil)
 		s.slowStart, s.limit = 1, 1
 		if !s.tryAcquire() {
 			t.Fatal("no first slot")
