@@ -31,7 +31,8 @@ func setupExample() *exampleEnv {
 		log.Fatal(err)
 	}
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1),
-		kfake.SeedTopics(1, "shipments", "shipments.dlq", "notices", "notices.dlq", "reminders", "reminders.dlq"))
+		kfake.SeedTopics(1, "shipments", "shipments.dlq", "notices", "notices.dlq", "reminders", "reminders.dlq",
+			"returns", "returns.dlq", "return.events"))
 	if err != nil {
 		log.Fatal(err)
 	}

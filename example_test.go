@@ -222,3 +222,66 @@ func ExampleExpired() {
 	// fresh SENT
 	// stale EXPIRED
 }
+
+// A handler that tells the rest of the system what it did: the event is written to the outbox in
+// the transaction of the effect, so it is published if and only if the effect commits. A
+// redelivery is a duplicate, and emits nothing again; were the same cause emitted twice, its id
+// (EventID) would be the same both times, for the consumers downstream.
+func ExampleEmit() {
+	ctx := context.Background()
+	env := setupExample()
+	defer env.close()
+	if err := inboxworker.Migrate(ctx, env.pool); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := env.pool.Exec(ctx, `CREATE TABLE returns (order_no text PRIMARY KEY)`); err != nil {
+		log.Fatal(err)
+	}
+	accept := inboxworker.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery) error {
+		var event struct {
+			OrderNo string `json:"order_no"`
+		}
+		if err := json.Unmarshal(d.Value, &event); err != nil || event.OrderNo == "" {
+			return inboxworker.Permanent(inboxworker.InvalidPayload, errors.New("not a return request"))
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO returns (order_no) VALUES ($1)`, event.OrderNo); err != nil {
+			return err
+		}
+		return inboxworker.Emit(ctx, tx, inboxworker.Event{
+			Topic: "return.events", AggregateType: "order", AggregateID: event.OrderNo,
+			Type: "return.accepted", Cause: d.Key, Payload: []byte(`{"order_no":"` + event.OrderNo + `"}`),
+		})
+	})
+	w, err := inboxworker.New(inboxworker.Config{
+		Brokers: env.brokers,
+		Pool:    env.pool,
+		Routes:  []inboxworker.Route{{Topic: "returns", Name: "returns", Handler: accept}},
+		// EventTopics unset: the events wait in the outbox, for the worker's relay or Debezium.
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	for range 2 { // the request, and its redelivery
+		env.produce("returns", "A-1001", `{"event_id":"return-1","order_no":"A-1001"}`)
+	}
+	env.waitCommitted("returns", 2)
+	stop()
+	if err := <-done; err != nil {
+		log.Fatal(err)
+	}
+
+	var events int
+	var id, eventType, payload string
+	if err := env.pool.QueryRow(context.Background(), `SELECT count(*) OVER (), id::text, type, payload::text FROM outbox`).
+		Scan(&events, &id, &eventType, &payload); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(events, "event:", eventType, payload)
+	fmt.Println("its id, derived from its cause:", id == inboxworker.EventID("return.accepted", "return-1"))
+	// Output:
+	// 1 event: return.accepted {"order_no":"A-1001"}
+	// its id, derived from its cause: true
+}
