@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/inboxworker/inboxworker"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/inboxworker/inboxworker/internal/outbox"
 )
 
 // The order events, as outbox types: what a callback did to its order, published to the handler's
@@ -47,7 +46,7 @@ type Event struct {
 
 // EventCause is the outbox cause of the order events of a provider transaction: the provider and
 // the transaction id, joined by a NUL byte (which neither can hold). An event's id is
-// outbox.EventID(type, EventCause(provider, providerTxnID)).
+// inboxworker.EventID(type, EventCause(provider, providerTxnID)).
 func EventCause(provider, providerTxnID string) string { return provider + "\x00" + providerTxnID }
 
 // applied is a callback that was applied, with what it did (an effect or an anomaly's kind).
@@ -63,7 +62,7 @@ func (h *Handler) emit(ctx context.Context, tx pgx.Tx, done []applied) error {
 	if h.events == "" || len(done) == 0 {
 		return nil
 	}
-	events := make([]outbox.Event, 0, len(done))
+	events := make([]inboxworker.Event, 0, len(done))
 	for _, a := range done {
 		value := Event{OrderNo: a.cb.OrderNo, Provider: a.cb.Provider, ProviderTxnID: a.cb.ProviderTxnID,
 			Amount: a.cb.Amount, Currency: a.cb.Currency, PaidAt: a.cb.PaidAt, CallbackKey: a.key}
@@ -78,9 +77,9 @@ func (h *Handler) emit(ctx context.Context, tx pgx.Tx, done []applied) error {
 			return fmt.Errorf("payment: no event for effect %q", a.effect)
 		}
 		cause := EventCause(a.cb.Provider, a.cb.ProviderTxnID)
-		value.EventID = outbox.EventID(value.Type, cause)
-		events = append(events, outbox.Event{Topic: h.events, AggregateType: AggregateType,
+		value.EventID = inboxworker.EventID(value.Type, cause)
+		events = append(events, inboxworker.Event{Topic: h.events, AggregateType: AggregateType,
 			AggregateID: a.cb.OrderNo, Type: value.Type, Cause: cause, Payload: value})
 	}
-	return outbox.EmitBatch(ctx, tx, events)
+	return inboxworker.EmitBatch(ctx, tx, events)
 }

@@ -26,7 +26,6 @@ import (
 
 	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/notify"
-	"github.com/inboxworker/inboxworker/internal/outbox"
 	"github.com/inboxworker/inboxworker/internal/payment"
 )
 
@@ -122,7 +121,7 @@ func (h *Handler) emit(ctx context.Context, tx pgx.Tx, paid []payment.Event) err
 	if _, err := pgx.ForEachRow(rows, []any{&orderNo, &phone}, func() error { phones[orderNo] = phone; return nil }); err != nil {
 		return fmt.Errorf("receipt: read the orders' phones: %w", err)
 	}
-	var events []outbox.Event
+	var events []inboxworker.Event
 	for _, e := range paid {
 		phone, ok := phones[e.OrderNo]
 		switch {
@@ -132,13 +131,13 @@ func (h *Handler) emit(ctx context.Context, tx pgx.Tx, paid []payment.Event) err
 			h.logAfterCommit(ctx, slog.LevelWarn, "order has a phone not in E.164; no payment-received SMS", e, phone)
 			continue
 		}
-		id := outbox.EventID(EventType, e.EventID)
-		events = append(events, outbox.Event{Topic: h.topic, AggregateType: "phone", AggregateID: phone,
+		id := inboxworker.EventID(EventType, e.EventID)
+		events = append(events, inboxworker.Event{Topic: h.topic, AggregateType: "phone", AggregateID: phone,
 			Type: EventType, Cause: e.EventID, Payload: sms{EventID: id, Phone: phone, Template: Template,
 				Params: map[string]string{"order_no": e.OrderNo, "amount": e.Amount, "currency": e.Currency}}})
 		h.logAfterCommit(ctx, slog.LevelInfo, "payment-received SMS requested", e, phone)
 	}
-	return outbox.EmitBatch(ctx, tx, events)
+	return inboxworker.EmitBatch(ctx, tx, events)
 }
 
 // logAfterCommit logs msg about the order event e once the transaction of ctx commits, the phone
