@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxworker/inboxworker/internal/poll"
+
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 	"github.com/inboxworker/inboxworker/internal/testlog"
 )
@@ -251,15 +253,5 @@ func get(t *testing.T, url string) (int, string) {
 // that does not happen within waitTimeout.
 func eventually(t *testing.T, check func() string) {
 	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for {
-		problem := check()
-		if problem == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(problem)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	poll.Until(t, check)
 }

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxworker/inboxworker/internal/poll"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -194,17 +196,7 @@ func (e *retrierEnv) deadLetters() []letter {
 // eventually polls cond until it returns "", failing the test with its last answer after a minute.
 func eventually(t *testing.T, cond func() string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		why := cond()
-		if why == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(why)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, cond)
 }
 
 func (e *retrierEnv) waitEmpty() {

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxworker/inboxworker/internal/poll"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -148,13 +150,7 @@ func (e *testEnv) waitForLockWaiters(tb testing.TB, app string, n int) {
 // against hanging, not a performance limit.
 func eventually(tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("gave up waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.For(tb, what, cond)
 }
 
 var errEffect = errors.New("effect failed")

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxworker/inboxworker/internal/poll"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
@@ -290,9 +292,5 @@ func TestNewHandlerLimits(t *testing.T) {
 // waitFor polls cond until it holds. The deadline only keeps a broken test from hanging.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-	}
+	poll.For(t, what, cond)
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxworker/inboxworker/internal/poll"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,7 +28,6 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 const (
 	topic      = "orders.events"
 	partitions = 3
-	waitFor    = 60 * time.Second // a safety net against a hang, not an assertion on speed
 )
 
 // env is a test's database and broker.
@@ -177,17 +178,7 @@ func checkOrder(t *testing.T, got []published, want map[string]int, dups bool) {
 
 func eventually(t *testing.T, check func() string) {
 	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for {
-		problem := check()
-		if problem == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(problem)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, check)
 }
 
 // gauge returns the value of a metric with no labels, or of the series with the given label values.
