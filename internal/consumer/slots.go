@@ -8,7 +8,7 @@ import (
 // slots bound how many of a route's handler runs go at once, across its partitions: at most max
 // (Route.Concurrency), a batch counting once. A call route's slots start slowly: after start, after
 // a pause of the route ends and after a probe is answered, its limit is slowStart, and it grows by
-// one with each answered call up to max — doubling per round of calls, as TCP's slow start does —
+// slowStartGrowth with each answered call up to max — quadrupling per round of calls —
 // and halves with each retryable failure, so that a provider that has just come back, or is
 // failing, is not met with a whole window of calls at once. It never halves below floor: as many
 // keys as the route's circuit needs failing to tell an outage from a few bad keys (a message
@@ -27,6 +27,11 @@ type slots struct {
 
 // slowStartLimit is where a call route's concurrency starts, unless its maximum is lower.
 const slowStartLimit = 4
+
+// slowStartGrowth is how much each answered call grows a slow-starting limit: the limit quadruples
+// per round of calls, 4, 16, 64, 128 in three rounds (TCP's +1 per answer, a doubling per round,
+// took five rounds to 128: half a second at 100 ms a call, a fifth of a 2,000-message burst).
+const slowStartGrowth = 3
 
 func newSlots(most int, slowStart bool, floor int, onLimitSet func(int)) *slots {
 	s := &slots{max: most, limit: most, floor: max(min(floor, most), 1), freed: make(chan struct{}),
@@ -85,14 +90,14 @@ func (s *slots) free() int {
 	return max(s.limit-s.inUse, 0)
 }
 
-// succeeded grows a slow-starting limit by one, up to max.
+// succeeded grows a slow-starting limit by slowStartGrowth, up to max.
 func (s *slots) succeeded() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.slowStart == 0 || s.limit >= s.max {
 		return
 	}
-	s.limit++
+	s.limit = min(s.limit+slowStartGrowth, s.max)
 	s.signal()
 	s.report()
 }
