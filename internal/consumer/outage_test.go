@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +15,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
 
 // TestDatabaseOutage cuts the consumer off Postgres for longer than the retry budget: nothing may be
@@ -56,23 +54,23 @@ func testDatabaseOutage(t *testing.T, mode testMode) {
 	e.produceOrdered("order-held", during...)
 	<-held
 	cut := time.Now()
-	proxy.cut()
+	proxy.Cut()
 	close(release)
 	// The worker keeps trying the database: wait for that evidence (each refused connection is a
 	// try), and for the retry budget to have run out several times over, were the outage counted
 	// against it.
 	const tries = 60
 	e.waitFor(fmt.Sprintf("%d connections refused during the outage", tries), func() bool {
-		return proxy.refused.Load() >= tries && time.Since(cut) > 3*config.Retry.MaxElapsed
+		return proxy.Refused() >= tries && time.Since(cut) > 3*config.Retry.MaxElapsed
 	})
-	t.Logf("%d connections refused in %v", proxy.refused.Load(), time.Since(cut))
+	t.Logf("%d connections refused in %v", proxy.Refused(), time.Since(cut))
 	if dead := e.deadLetters(); len(dead) != 0 {
 		t.Fatalf("%d messages dead-lettered during the outage", len(dead))
 	}
 	if got := len(e.effects()); got != len(before) {
 		t.Fatalf("%d messages applied while the database was unreachable", got-len(before))
 	}
-	proxy.restore()
+	proxy.Restore()
 
 	all := append(before, during...)
 	e.waitFor("all offsets committed", func() bool { return e.committed() == int64(len(all)) })
@@ -88,27 +86,12 @@ func testDatabaseOutage(t *testing.T, mode testMode) {
 	}
 }
 
-// proxy forwards TCP connections to a database, and can cut them all and refuse new ones.
-type proxy struct {
-	url    string // the database URL, through the proxy
-	target string
-	ln     net.Listener
-	wg     sync.WaitGroup
-
-	// refused counts the connections refused while down: each is one attempt to reach the database.
-	refused atomic.Int64
-
-	mu    sync.Mutex
-	down  bool
-	conns map[net.Conn]bool
-}
-
 // behindProxy returns a proxy in front of the test's database, and a pool and an inbox store that
 // reach the database through it, closed when the test ends.
-func (e *env) behindProxy() (*proxy, *pgxpool.Pool, *inbox.Store) {
+func (e *env) behindProxy() (*pgtest.Proxy, *pgxpool.Pool, *inbox.Store) {
 	e.t.Helper()
-	proxy := startProxy(e.t, e.db.URL)
-	pool, err := pgxpool.New(context.Background(), proxy.url)
+	proxy := pgtest.StartProxy(e.t, e.db.URL)
+	pool, err := pgxpool.New(context.Background(), proxy.URL)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -118,95 +101,6 @@ func (e *env) behindProxy() (*proxy, *pgxpool.Pool, *inbox.Store) {
 		e.t.Fatal(err)
 	}
 	return proxy, pool, store
-}
-
-func startProxy(t *testing.T, databaseURL string) *proxy {
-	t.Helper()
-	u, err := url.Parse(databaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{target: u.Host, ln: ln, conns: make(map[net.Conn]bool)}
-	u.Host = ln.Addr().String()
-	p.url = u.String()
-	p.wg.Go(p.accept)
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.cut()
-		p.wg.Wait()
-	})
-	return p
-}
-
-// cut closes every connection and refuses new ones until restore.
-func (p *proxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = true
-	for c := range p.conns {
-		_ = c.Close()
-	}
-}
-
-func (p *proxy) restore() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = false
-}
-
-func (p *proxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		if !p.track(c) {
-			continue
-		}
-		p.wg.Go(func() { p.forward(c) })
-	}
-}
-
-// track registers c, or closes it if the proxy is down.
-func (p *proxy) track(c net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.down {
-		_ = c.Close()
-		p.refused.Add(1)
-		return false
-	}
-	p.conns[c] = true
-	return true
-}
-
-func (p *proxy) untrack(c net.Conn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.conns, c)
-	_ = c.Close()
-}
-
-func (p *proxy) forward(client net.Conn) {
-	defer p.untrack(client)
-	server, err := net.Dial("tcp", p.target)
-	if err != nil || !p.track(server) {
-		return
-	}
-	defer p.untrack(server)
-	done := make(chan struct{})
-	go func() {
-		_, _ = io.Copy(server, client)
-		_ = server.Close()
-		close(done)
-	}()
-	_, _ = io.Copy(client, server)
-	_ = client.Close()
-	<-done
 }
 
 // TestNoTransactionWhileWaiting checks that nothing is held open while a message waits for its
@@ -285,18 +179,18 @@ func testDatabaseOutageBeforeBatch(t *testing.T, mode testMode) {
 	e.waitFor("the first message committed", func() bool { return e.committed() == 1 })
 
 	cut := time.Now()
-	proxy.cut()
+	proxy.Cut()
 	held := []string{"held"} // alone in its batch: the case where starts decide a dead letter
 	e.produce(held...)
 	all := append([]string{"first"}, held...)
 	const tries = 60
 	e.waitFor(fmt.Sprintf("%d connections refused during the outage", tries), func() bool {
-		return proxy.refused.Load() >= tries && time.Since(cut) > 3*config.Retry.MaxElapsed
+		return proxy.Refused() >= tries && time.Since(cut) > 3*config.Retry.MaxElapsed
 	})
 	if dead := e.deadLetters(); len(dead) != 0 {
 		t.Fatalf("%d messages dead-lettered during the outage (%s)", len(dead), header(dead[0], "dlq-reason"))
 	}
-	proxy.restore()
+	proxy.Restore()
 
 	e.waitFor("all offsets committed", func() bool { return e.committed() == int64(len(all)) })
 	checkOnce(t, e, all)

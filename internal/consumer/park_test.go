@@ -437,9 +437,9 @@ func TestParkDatabaseOutage(t *testing.T) {
 		return slices.Equal(e.parkedKeys(), []string{"late-1"}) && len(e.effects()) == len(others)
 	})
 
-	proxy.cut()
+	proxy.Cut()
 	time.Sleep(2 * config.Retry.MaxElapsed) // the outage: twice the budget
-	proxy.restore()
+	proxy.Restore()
 	exists.Store(true)
 	e.waitFor("late-1 applied", func() bool { return len(e.parkedKeys()) == 0 })
 	checkOnce(t, e, append([]string{"late-1"}, others...))

@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
-	"strconv"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -78,20 +75,15 @@ func TestClassify(t *testing.T) {
 			return err
 		}, "", fault.KindUnavailable},
 		{"ConnectionDroppedDuringEffect", func(t *testing.T) error {
-			proxy := startProxy(t)
-			config, err := pgxpool.ParseConfig(e.db.URL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			config.ConnConfig.Host, config.ConnConfig.Port = proxy.host, proxy.port
-			dropped, err := pgxpool.NewWithConfig(ctx, config)
+			proxy := pgtest.StartProxy(t, e.db.URL)
+			dropped, err := pgxpool.New(ctx, proxy.URL)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer dropped.Close()
 			store := e.newStore(t, dropped, inbox.Config{})
 			_, err = store.Process(ctx, message("dropped"), func(ctx context.Context, tx pgx.Tx) error {
-				proxy.drop()
+				proxy.Cut()
 				_, err := tx.Exec(ctx, `SELECT 1`)
 				return err
 			})
@@ -261,62 +253,4 @@ func (e *testEnv) waitForBackendWaiting(t *testing.T, pid uint32) {
 		}
 		return waiting
 	})
-}
-
-// proxy forwards TCP connections to the test server until drop cuts them all, as a network
-// failure would: no goodbye from the server, just a dead socket.
-type proxy struct {
-	host  string
-	port  uint16
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-func startProxy(t *testing.T) *proxy {
-	t.Helper()
-	target, err := pgx.ParseConfig(pgtest.ServerURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().(*net.TCPAddr)
-	p := &proxy{host: addr.IP.String(), port: uint16(addr.Port)}
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.drop()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			client, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			server, err := net.Dial("tcp", net.JoinHostPort(target.Host, strconv.Itoa(int(target.Port))))
-			if err != nil {
-				_ = client.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, client, server)
-			p.mu.Unlock()
-			wg.Go(func() { _, _ = io.Copy(server, client); _ = server.Close() })
-			wg.Go(func() { _, _ = io.Copy(client, server); _ = client.Close() })
-		}
-	})
-	return p
-}
-
-// drop closes every proxied connection.
-func (p *proxy) drop() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.conns = nil
 }

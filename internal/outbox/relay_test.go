@@ -18,6 +18,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/outbox"
+	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
 
 // TestRelay: events of many orders, emitted in batches, are published with the order number as key,
@@ -213,8 +214,8 @@ func TestRelayFailover(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	rec := &recorder{}
-	proxy := startProxy(t, e.db.URL)
-	first, err := pgxpool.New(context.Background(), proxy.url)
+	proxy := pgtest.StartProxy(t, e.db.URL)
+	first, err := pgxpool.New(context.Background(), proxy.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +230,7 @@ func TestRelayFailover(t *testing.T) {
 	config.Observer = rec
 	e.startRelay(config) // stands by
 	cut := time.Now()
-	proxy.cut()
+	proxy.Cut()
 	want := map[string]int{"F-1": 1}
 	for n := 2; n <= 20; n++ {
 		e.emit(e.db.Pool, orderEvent("F-1", n), orderEvent("F-2", n-1))
