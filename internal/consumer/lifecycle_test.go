@@ -236,21 +236,8 @@ func testOffsetCommitFails(t *testing.T, mode testMode) {
 		if !refuse.Load() {
 			return nil, nil, false
 		}
-		commit := req.(*kmsg.OffsetCommitRequest)
-		resp := commit.ResponseKind().(*kmsg.OffsetCommitResponse)
-		for _, topic := range commit.Topics {
-			rt := kmsg.NewOffsetCommitResponseTopic()
-			rt.Topic = topic.Topic
-			for _, p := range topic.Partitions {
-				rp := kmsg.NewOffsetCommitResponseTopicPartition()
-				rp.Partition = p.Partition
-				rp.ErrorCode = -1 // UNKNOWN_SERVER_ERROR
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
 		refused.Add(1)
-		return resp, nil, true
+		return kafkatest.CommitError(-1)(req), nil, true // UNKNOWN_SERVER_ERROR
 	})
 
 	first := e.config(&recorder{})
@@ -288,19 +275,7 @@ func TestOffsetCommitRecovers(t *testing.T) {
 		if !refuse.Load() {
 			return nil, nil, false
 		}
-		commit := req.(*kmsg.OffsetCommitRequest)
-		resp := commit.ResponseKind().(*kmsg.OffsetCommitResponse)
-		for _, topic := range commit.Topics {
-			rt := kmsg.NewOffsetCommitResponseTopic()
-			rt.Topic = topic.Topic
-			for _, p := range topic.Partitions {
-				rp := kmsg.NewOffsetCommitResponseTopicPartition()
-				rp.Partition, rp.ErrorCode = p.Partition, 30 // GROUP_AUTHORIZATION_FAILED
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, true
+		return kafkatest.CommitError(30)(req), nil, true // GROUP_AUTHORIZATION_FAILED
 	})
 	config := e.config(&recorder{})
 	config.CommitFailureTimeout = 500 * time.Millisecond
