@@ -23,6 +23,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/inboxworker/inboxworker/internal/replay"
 	"github.com/inboxworker/inboxworker/internal/startup"
 )
 
@@ -92,7 +93,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if !report.Known() {
 		return fmt.Errorf("%w %s: no inbox row, parked message, stored dead letter, lease or effect of it in %s "+
 			"(a key purged after its retention, or a dead letter in a dead-letter topic, leaves no trace in the database)",
-			ErrUnknownKey, displayed(cfg.Key), names(routes))
+			ErrUnknownKey, replay.Displayed(cfg.Key), names(routes))
 	}
 	suffix := cfg.DLQSuffix
 	if suffix == "" {

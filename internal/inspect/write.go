@@ -36,7 +36,7 @@ var smsSections = []section{{"sms", notificationLines}, {"lease", leaseLines}}
 // write prints the report: a heading, then each route that knows the key.
 func (rep Report) write(out io.Writer, dlqSuffix string) error {
 	w := bufio.NewWriter(out)
-	fmt.Fprintf(w, "idempotency key %s, as the database knows it at %s\n", displayed(rep.Key),
+	fmt.Fprintf(w, "idempotency key %s, as the database knows it at %s\n", replay.Displayed(rep.Key),
 		rep.ReadAt.UTC().Format(time.DateTime+"Z"))
 	for _, r := range rep.Routes {
 		if !r.Known() {
@@ -118,14 +118,14 @@ func paymentOutcome(r RouteReport) string {
 	if len(r.Anomalies) > 0 {
 		a := r.Anomalies[0]
 		return fmt.Sprintf("applied: anomaly %s recorded on order %s, the order left as it was (a payment to refund or chase)",
-			a.Kind, displayed(a.OrderNo))
+			a.Kind, replay.Displayed(a.OrderNo))
 	}
 	if len(r.Payments) > 0 {
 		p := r.Payments[0]
 		if p.Result == "FAILED" {
-			return fmt.Sprintf("applied: a failed payment recorded on order %s, which it leaves as it was", displayed(p.OrderNo))
+			return fmt.Sprintf("applied: a failed payment recorded on order %s, which it leaves as it was", replay.Displayed(p.OrderNo))
 		}
-		return fmt.Sprintf("applied: order %s paid by %s %s", displayed(p.OrderNo), displayed(p.Provider), displayed(p.ProviderTxnID))
+		return fmt.Sprintf("applied: order %s paid by %s %s", replay.Displayed(p.OrderNo), replay.Displayed(p.Provider), replay.Displayed(p.ProviderTxnID))
 	}
 	return "duplicate: recorded in the inbox, with no payment or anomaly under this key: its provider " +
 		"transaction had been applied under another key (or its failed payment was later paid under another key)"
@@ -158,7 +158,7 @@ func paymentLines(r RouteReport, now time.Time, _ string) []string {
 	var lines []string
 	for _, p := range r.Payments {
 		line := fmt.Sprintf("%s %s %s, %s %s, order %s", p.Result, p.Amount, p.Currency,
-			displayed(p.Provider), displayed(p.ProviderTxnID), displayed(p.OrderNo))
+			replay.Displayed(p.Provider), replay.Displayed(p.ProviderTxnID), replay.Displayed(p.OrderNo))
 		if p.PaidAt != nil {
 			line += ", paid at " + p.PaidAt.UTC().Format(time.RFC3339)
 		}
@@ -174,8 +174,8 @@ func anomalyLines(r RouteReport, now time.Time, _ string) []string {
 	var lines []string
 	for _, a := range r.Anomalies {
 		lines = append(lines, fmt.Sprintf("%s on order %s: %s %s received for %s %s expected, %s %s, recorded %s",
-			a.Kind, displayed(a.OrderNo), a.ReceivedAmount, a.ReceivedCurrency, a.ExpectedAmount, a.ExpectedCurrency,
-			displayed(a.Provider), displayed(a.ProviderTxnID), when(a.CreatedAt, now)))
+			a.Kind, replay.Displayed(a.OrderNo), a.ReceivedAmount, a.ReceivedCurrency, a.ExpectedAmount, a.ExpectedCurrency,
+			replay.Displayed(a.Provider), replay.Displayed(a.ProviderTxnID), when(a.CreatedAt, now)))
 	}
 	return lines
 }
@@ -186,9 +186,9 @@ func orderLines(r RouteReport, now time.Time, _ string) []string {
 	}
 	var lines []string
 	for _, o := range r.Orders {
-		line := fmt.Sprintf("%s %s, %s %s", displayed(o.OrderNo), o.Status, o.Amount, o.Currency)
+		line := fmt.Sprintf("%s %s, %s %s", replay.Displayed(o.OrderNo), o.Status, o.Amount, o.Currency)
 		if o.ProviderTxnID != nil {
-			line += ", paid by " + displayed(*o.ProviderTxnID)
+			line += ", paid by " + replay.Displayed(*o.ProviderTxnID)
 		}
 		if o.PaidAt != nil {
 			line += " at " + o.PaidAt.UTC().Format(time.RFC3339)
@@ -204,8 +204,8 @@ func transactionLines(r RouteReport, now time.Time, _ string) []string {
 	}
 	var lines []string
 	for _, t := range r.Transactions {
-		lines = append(lines, fmt.Sprintf("%s %s belongs to order %s, %s %s (recorded %s)", displayed(t.Provider),
-			displayed(t.ProviderTxnID), displayed(t.OrderNo), t.Amount, t.Currency, when(t.RecordedAt, now)))
+		lines = append(lines, fmt.Sprintf("%s %s belongs to order %s, %s %s (recorded %s)", replay.Displayed(t.Provider),
+			replay.Displayed(t.ProviderTxnID), replay.Displayed(t.OrderNo), t.Amount, t.Currency, when(t.RecordedAt, now)))
 	}
 	return lines
 }
@@ -223,14 +223,14 @@ func notificationLines(r RouteReport, now time.Time, _ string) []string {
 	}
 	if n.SentAt == nil {
 		return []string{fmt.Sprintf("%s to %s, template %s, not sent, after %d attempt(s)",
-			n.Status, n.Recipient, displayed(n.Template), n.Attempts)}
+			n.Status, n.Recipient, replay.Displayed(n.Template), n.Attempts)}
 	}
 	id := "none (accepted without one)"
 	if n.ProviderMessageID != nil {
-		id = displayed(*n.ProviderMessageID)
+		id = replay.Displayed(*n.ProviderMessageID)
 	}
 	return []string{fmt.Sprintf("%s to %s, template %s, provider message id %s, after %d call(s), sent %s",
-		n.Status, n.Recipient, displayed(n.Template), id, n.Attempts, when(*n.SentAt, now))}
+		n.Status, n.Recipient, replay.Displayed(n.Template), id, n.Attempts, when(*n.SentAt, now))}
 }
 
 func leaseLines(r RouteReport, now time.Time, _ string) []string {
@@ -243,7 +243,7 @@ func leaseLines(r RouteReport, now time.Time, _ string) []string {
 		state = "expired " + when(l.ExpiresAt, now) + ": the next call for the key takes it over"
 	}
 	return []string{fmt.Sprintf("held by %s, taken %s, %d call(s) so far; %s",
-		displayed(l.Holder), when(l.TakenAt, now), l.Attempts, state)}
+		replay.Displayed(l.Holder), when(l.TakenAt, now), l.Attempts, state)}
 }
 
 func parkedLines(r RouteReport, now time.Time, _ string) []string {
@@ -258,11 +258,11 @@ func parkedLines(r RouteReport, now time.Time, _ string) []string {
 		}
 		lines = append(lines,
 			fmt.Sprintf("id %d from %s/%d at offset %d, key %s, %s, parked %s", p.ID, p.Topic, p.Partition, p.Offset,
-				displayedKey(p.MessageKey), place, when(p.ParkedAt, now)),
+				replay.DisplayedKey(p.MessageKey), place, when(p.ParkedAt, now)),
 			parkedHistory(p, now),
 			"message: "+message(r.Route.Kind, p.Value))
 		if p.HeldUntil != nil && p.HeldUntil.After(now) {
-			lines = append(lines, fmt.Sprintf("held by the retrier %s until %s", displayed(p.HeldBy), when(*p.HeldUntil, now)))
+			lines = append(lines, fmt.Sprintf("held by the retrier %s until %s", replay.Displayed(p.HeldBy), when(*p.HeldUntil, now)))
 		}
 	}
 	return lines
@@ -296,7 +296,7 @@ func deadLetterLines(r RouteReport, now time.Time, dlqSuffix string) []string {
 			fmt.Sprintf("dead_letters id %d: %s after %d attempt(s), failed %s: %s", d.ID, d.Letter.Reason,
 				d.Letter.Attempts, when(d.Letter.FailedAt, now), strconv.Quote(d.Letter.Error)),
 			fmt.Sprintf("from %s/%d at offset %d, key %s; %s refused it: %s; %s", d.Letter.Topic, d.Letter.Partition,
-				d.Letter.Offset, displayedKey(d.Key), d.DLQTopic, strconv.Quote(d.WriteError), replayed),
+				d.Letter.Offset, replay.DisplayedKey(d.Key), d.DLQTopic, strconv.Quote(d.WriteError), replayed),
 			"message: "+message(r.Route.Kind, d.Value))
 	}
 	return append(lines, fmt.Sprintf("(%s in dead_letters; dead letters that %s took are in Kafka: worker replay %s --dry-run)",
@@ -317,32 +317,17 @@ func message(kind Kind, value []byte) string {
 	case Payments:
 		cb, err := callbackOf(value)
 		if err != nil {
-			return fmt.Sprintf("not a valid callback (%s) for order %s, %s %s", err, displayed(cb.OrderNo),
-				displayed(cb.Provider), displayed(cb.ProviderTxnID))
+			return fmt.Sprintf("not a valid callback (%s) for order %s, %s %s", err, replay.Displayed(cb.OrderNo),
+				replay.Displayed(cb.Provider), replay.Displayed(cb.ProviderTxnID))
 		}
-		return fmt.Sprintf("callback %s for order %s, %s %s, %s %s", cb.Result, displayed(cb.OrderNo),
-			cb.Amount, cb.Currency, displayed(cb.Provider), displayed(cb.ProviderTxnID))
+		return fmt.Sprintf("callback %s for order %s, %s %s, %s %s", cb.Result, replay.Displayed(cb.OrderNo),
+			cb.Amount, cb.Currency, replay.Displayed(cb.Provider), replay.Displayed(cb.ProviderTxnID))
 	case SMS:
 		sms, err := notify.Decode(value)
 		if err != nil {
 			return "not a valid SMS event: " + err.Error()
 		}
-		return fmt.Sprintf("SMS to %s, template %s", notify.MaskPhone(sms.To), displayed(sms.Template))
+		return fmt.Sprintf("SMS to %s, template %s", notify.MaskPhone(sms.To), replay.Displayed(sms.Template))
 	}
 	return fmt.Sprintf("%d bytes", len(value))
 }
-
-// displayedKey is a message's Kafka key for output: a phone number masked, as everywhere else.
-func displayedKey(key []byte) string {
-	switch s := string(key); {
-	case key == nil:
-		return "(none)"
-	case notify.ValidPhone(s):
-		return notify.MaskPhone(s)
-	default:
-		return displayed(s)
-	}
-}
-
-// displayed is a value for one line of output, quoted unless it is a plain token.
-func displayed(s string) string { return replay.Displayed(s) }

@@ -21,7 +21,6 @@ import (
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
-	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/replay"
 	"github.com/inboxworker/inboxworker/internal/startup"
 )
@@ -133,7 +132,7 @@ func parkedLine(p inbox.Parked, budget time.Duration, now time.Time) string {
 		"topic=" + p.Topic,
 		"partition=" + strconv.Itoa(int(p.Partition)),
 		"offset=" + strconv.FormatInt(p.Offset, 10),
-		"key=" + displayedKey(p.MessageKey),
+		"key=" + replay.DisplayedKey(p.MessageKey),
 		"idempotency_key=" + replay.Displayed(p.IdempotencyKey),
 		"ahead=" + strconv.Itoa(p.Ahead),
 		"attempts=" + strconv.Itoa(p.Attempts),
@@ -161,19 +160,6 @@ func rounded(d time.Duration) string {
 		return d.Round(time.Millisecond).String()
 	}
 	return d.Round(time.Second).String()
-}
-
-// displayedKey is a message's Kafka key for output: a phone number masked, as everywhere else;
-// (none) when it had none, and was ordered by its idempotency key.
-func displayedKey(key []byte) string {
-	switch s := string(key); {
-	case key == nil:
-		return "(none)"
-	case notify.ValidPhone(s):
-		return notify.MaskPhone(s)
-	default:
-		return replay.Displayed(s)
-	}
 }
 
 func retryParked(ctx context.Context, out io.Writer, store *inbox.Store, args []string) error {

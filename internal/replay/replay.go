@@ -35,6 +35,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/startup"
 )
 
@@ -528,6 +529,19 @@ var plainToken = regexp.MustCompile(`^[A-Za-z0-9._:/-]+$`)
 // it is a plain token (a header may hold anything, line breaks included).
 // Displayed is displayed, for the other commands that print header values.
 func Displayed(s string) string { return displayed(s) }
+
+// DisplayedKey is a message's Kafka key for one line of output: a phone number masked, as
+// everywhere else; (none) when it had none, and was ordered by its idempotency key.
+func DisplayedKey(key []byte) string {
+	switch s := string(key); {
+	case key == nil:
+		return "(none)"
+	case notify.ValidPhone(s):
+		return notify.MaskPhone(s)
+	default:
+		return displayed(s)
+	}
+}
 
 func displayed(s string) string {
 	if len(s) > maxDisplayed {
