@@ -134,12 +134,7 @@ func TestOutboxCrash(t *testing.T) {
 			if err := json.Unmarshal(m.Value, &v); err != nil {
 				t.Fatal(err)
 			}
-			var key string
-			for _, h := range m.Headers {
-				if h.Key == "Idempotency-Key" {
-					key = string(h.Value)
-				}
-			}
+			key := kafkatest.Header(m, "Idempotency-Key")
 			if key != v.EventID || string(m.Key) != v.OrderNo {
 				t.Errorf("event %s with key %s and Idempotency-Key %s", m.Value, m.Key, key)
 			}

@@ -7,8 +7,6 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
@@ -108,7 +106,7 @@ func TestRunSettings(t *testing.T) {
 	}
 
 	dead := cluster.ReadAll(t, sms2+".dead", 0)
-	if len(dead) != 1 || header(dead[0], "dlq-original-topic") != sms2 || header(dead[0], "dlq-reason") != "invalid_payload" {
+	if len(dead) != 1 || kafkatest.Header(dead[0], "dlq-original-topic") != sms2 || kafkatest.Header(dead[0], "dlq-reason") != "invalid_payload" {
 		t.Errorf("dead letters in %s.dead: %d, want the bad SMS as invalid_payload", sms2, len(dead))
 	}
 	if n := len(cluster.ReadAll(t, pay+".dead", 0)); n != 0 {
@@ -129,13 +127,4 @@ func TestRunSettings(t *testing.T) {
 
 func committedTotal1(t *testing.T, cluster *kafkatest.Cluster, group, topic string) int64 {
 	return max(0, cluster.CommittedOffset(t, group, topic, 0))
-}
-
-func header(m kafka.Message, key string) string {
-	for _, h := range m.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
 }

@@ -182,7 +182,7 @@ func checkConsumerSpans(t *testing.T, spans []tracingtest.Span, call tracingtest
 	if len(deadLetters) != 1 {
 		t.Fatalf("%d dead letters of SMS, want 1", len(deadLetters))
 	}
-	if got, want := header(deadLetters[0], "traceparent"), tracingtest.Traceparent(badMsg.TraceID, badMsg.SpanID); got != want {
+	if got, want := kafkatest.Header(deadLetters[0], "traceparent"), tracingtest.Traceparent(badMsg.TraceID, badMsg.SpanID); got != want {
 		t.Errorf("the dead letter's traceparent is %q, want its consumer span's %q", got, want)
 	}
 

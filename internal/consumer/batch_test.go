@@ -18,6 +18,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/kafkatest"
 )
 
 // The tests of what is particular to batches. The rest of the suite runs in both modes.
@@ -168,12 +169,12 @@ func TestBatchFailure(t *testing.T) {
 				}
 				return
 			}
-			if len(dead) != 1 || header(dead[0], deadletter.HeaderReason) != string(tt.wantReason) ||
-				header(dead[0], deadletter.HeaderOriginalOffset) != "3" || header(dead[0], deadletter.HeaderAttempts) != tt.wantAttempts {
+			if len(dead) != 1 || kafkatest.Header(dead[0], deadletter.HeaderReason) != string(tt.wantReason) ||
+				kafkatest.Header(dead[0], deadletter.HeaderOriginalOffset) != "3" || kafkatest.Header(dead[0], deadletter.HeaderAttempts) != tt.wantAttempts {
 				t.Fatalf("dead letters = %v, want mid (offset 3) with reason %s after %s attempts",
 					dead, tt.wantReason, tt.wantAttempts)
 			}
-			if got := header(dead[0], deadletter.HeaderError); !strings.Contains(got, tt.wantError) {
+			if got := kafkatest.Header(dead[0], deadletter.HeaderError); !strings.Contains(got, tt.wantError) {
 				t.Errorf("dlq-error = %q, want it to contain %q", got, tt.wantError)
 			}
 			if got := outcomes(config, "dead_lettered"); got != 1 {
@@ -213,8 +214,8 @@ func TestBatchKeyReused(t *testing.T) {
 		t.Errorf("applied %v, want k, x, y once", got)
 	}
 	dead := e.deadLetters()
-	if len(dead) != 1 || header(dead[0], deadletter.HeaderReason) != string(fault.IdempotencyKeyReused) ||
-		header(dead[0], deadletter.HeaderOriginalOffset) != "2" || string(dead[0].Value) != string(reused.Value) {
+	if len(dead) != 1 || kafkatest.Header(dead[0], deadletter.HeaderReason) != string(fault.IdempotencyKeyReused) ||
+		kafkatest.Header(dead[0], deadletter.HeaderOriginalOffset) != "2" || string(dead[0].Value) != string(reused.Value) {
 		t.Fatalf("dead letters = %v, want the reused key's message (offset 2)", dead)
 	}
 	if applied, dl := outcomes(config, "applied"), outcomes(config, "dead_lettered"); applied != 3 || dl != 1 {
@@ -269,7 +270,7 @@ func TestBatchCommitFails(t *testing.T) {
 		t.Errorf("applied %v, want a, b, c once, in order", got)
 	}
 	dead := e.deadLetters()
-	if len(dead) != 1 || header(dead[0], deadletter.HeaderOriginalOffset) != "2" || header(dead[0], deadletter.HeaderReason) != string(fault.HandlerError) {
+	if len(dead) != 1 || kafkatest.Header(dead[0], deadletter.HeaderOriginalOffset) != "2" || kafkatest.Header(dead[0], deadletter.HeaderReason) != string(fault.HandlerError) {
 		t.Fatalf("dead letters = %v, want bad (offset 2) with reason %s", dead, fault.HandlerError)
 	}
 	if got := e.inboxKeys(); got["bad"] != 0 || len(got) != 3 {

@@ -20,6 +20,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
@@ -128,7 +129,7 @@ func TestCallHandler(t *testing.T) {
 	reasons := map[string]string{}
 	for _, m := range e.deadLetters() {
 		key, _, _ := consumer.IdempotencyKey(m)
-		reasons[key] = header(m, "dlq-reason")
+		reasons[key] = kafkatest.Header(m, "dlq-reason")
 	}
 	want := map[string]string{"rejected": "provider_rejected", "panics": "handler_error", "invalid": "invalid_payload"}
 	if fmt.Sprint(reasons) != fmt.Sprint(want) {
@@ -358,7 +359,7 @@ func TestConcurrentDuplicateCall(t *testing.T) {
 	e.waitFor("both copies finished", func() bool { return e.committed() == 2 })
 	if dead := e.deadLetters(); len(dead) != 0 {
 		t.Fatalf("dead-lettered %q (%s): a lease held by a live call is no failure",
-			header(dead[0], "dlq-reason"), header(dead[0], "dlq-error"))
+			kafkatest.Header(dead[0], "dlq-reason"), kafkatest.Header(dead[0], "dlq-error"))
 	}
 	if n := h.callsOf("dup"); n != 1 {
 		t.Errorf("%d calls, want 1", n)
@@ -475,7 +476,7 @@ func TestOutageTripsBeforeBudgets(t *testing.T) {
 	})
 	if dead := e.deadLetters(); len(dead) != 0 {
 		t.Errorf("%d dead letters (%s), want none: the route should pause before a budget runs out",
-			len(dead), header(dead[0], "dlq-reason"))
+			len(dead), kafkatest.Header(dead[0], "dlq-reason"))
 	}
 	checkOnce(t, e, all)
 }

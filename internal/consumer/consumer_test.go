@@ -18,6 +18,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
@@ -168,10 +169,10 @@ func TestRetry(t *testing.T) {
 					t.Fatalf("%d dead letters, want 1", len(dead))
 				}
 				checkDeadLetter(t, dead[0], original, tt.wantReason, tt.wantError)
-				if n := len(header(dead[0], "dlq-error")); n > 8<<10 {
+				if n := len(kafkatest.Header(dead[0], "dlq-error")); n > 8<<10 {
 					t.Errorf("dlq-error is %d bytes long, want it bounded (at most 8 KiB)", n)
 				}
-				if got := header(dead[0], "dlq-attempts"); got != strconv.FormatInt(runs.Load(), 10) {
+				if got := kafkatest.Header(dead[0], "dlq-attempts"); got != strconv.FormatInt(runs.Load(), 10) {
 					t.Errorf("dlq-attempts = %q, the handler ran %d times", got, runs.Load())
 				}
 			})
@@ -256,8 +257,8 @@ func checkDeadLetter(t *testing.T, got, original kafka.Message, reason fault.Rea
 		t.Errorf("dead letter key/value = %q/%q, want the original %q/%q", got.Key, got.Value, original.Key, original.Value)
 	}
 	for _, h := range original.Headers {
-		if header(got, h.Key) != string(h.Value) {
-			t.Errorf("original header %s = %q, want %q", h.Key, header(got, h.Key), h.Value)
+		if kafkatest.Header(got, h.Key) != string(h.Value) {
+			t.Errorf("original header %s = %q, want %q", h.Key, kafkatest.Header(got, h.Key), h.Value)
 		}
 	}
 	want := map[string]string{
@@ -267,19 +268,19 @@ func checkDeadLetter(t *testing.T, got, original kafka.Message, reason fault.Rea
 		deadletter.HeaderOriginalOffset:    "0",
 	}
 	for k, v := range want {
-		if header(got, k) != v {
-			t.Errorf("header %s = %q, want %q", k, header(got, k), v)
+		if kafkatest.Header(got, k) != v {
+			t.Errorf("header %s = %q, want %q", k, kafkatest.Header(got, k), v)
 		}
 	}
-	if !strings.Contains(header(got, deadletter.HeaderError), errText) {
-		t.Errorf("header dlq-error = %q, want it to contain %q", header(got, deadletter.HeaderError), errText)
+	if !strings.Contains(kafkatest.Header(got, deadletter.HeaderError), errText) {
+		t.Errorf("header dlq-error = %q, want it to contain %q", kafkatest.Header(got, deadletter.HeaderError), errText)
 	}
-	if n, err := strconv.Atoi(header(got, deadletter.HeaderAttempts)); err != nil || n < 1 {
-		t.Errorf("header dlq-attempts = %q, want a positive count", header(got, deadletter.HeaderAttempts))
+	if n, err := strconv.Atoi(kafkatest.Header(got, deadletter.HeaderAttempts)); err != nil || n < 1 {
+		t.Errorf("header dlq-attempts = %q, want a positive count", kafkatest.Header(got, deadletter.HeaderAttempts))
 	}
-	at, err := time.Parse(time.RFC3339, header(got, deadletter.HeaderFailedAt))
+	at, err := time.Parse(time.RFC3339, kafkatest.Header(got, deadletter.HeaderFailedAt))
 	if err != nil || time.Since(at) > time.Hour || time.Since(at) < -time.Minute {
-		t.Errorf("header dlq-failed-at = %q (%v), want the RFC 3339 time of the failure", header(got, deadletter.HeaderFailedAt), err)
+		t.Errorf("header dlq-failed-at = %q (%v), want the RFC 3339 time of the failure", kafkatest.Header(got, deadletter.HeaderFailedAt), err)
 	}
 }
 
@@ -311,10 +312,10 @@ func testBadKeys(t *testing.T, mode testMode) {
 
 	var got []fault.Reason
 	for _, m := range e.deadLetters() {
-		reason := header(m, deadletter.HeaderReason)
+		reason := kafkatest.Header(m, deadletter.HeaderReason)
 		got = append(got, fault.Reason(reason))
 		// No handler ran for a bad key, nor for a reused one: the claim catches it before.
-		if n := header(m, deadletter.HeaderAttempts); n != "0" {
+		if n := kafkatest.Header(m, deadletter.HeaderAttempts); n != "0" {
 			t.Errorf("%s: dlq-attempts = %q, want 0: no handler ran", reason, n)
 		}
 	}
@@ -457,7 +458,7 @@ func TestLongRetryAfter(t *testing.T) {
 		e.waitFor("a call", func() bool { return calls.Load() > 0 })
 		time.Sleep(5 * config.Retry.MaxElapsed)
 		if dead := e.deadLetters(); len(dead) != 0 {
-			t.Fatalf("%d dead-lettered (%s) while the provider asked to wait", len(dead), header(dead[0], "dlq-error"))
+			t.Fatalf("%d dead-lettered (%s) while the provider asked to wait", len(dead), kafkatest.Header(dead[0], "dlq-error"))
 		}
 		if n := calls.Load(); n > int64(routeConcurrency) {
 			t.Errorf("%d calls: the route was not paused for the Retry-After", n)

@@ -122,13 +122,13 @@ func testCrashLoop(t *testing.T, mode testMode) {
 	if len(dead) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(dead))
 	}
-	if got := header(dead[0], deadletter.HeaderReason); got != string(fault.CrashLoop) {
+	if got := kafkatest.Header(dead[0], deadletter.HeaderReason); got != string(fault.CrashLoop) {
 		t.Errorf("dlq-reason = %q, want %q", got, fault.CrashLoop)
 	}
-	if got := header(dead[0], deadletter.HeaderOriginalOffset); got != "1" {
+	if got := kafkatest.Header(dead[0], deadletter.HeaderOriginalOffset); got != "1" {
 		t.Errorf("dlq-original-offset = %q, want 1", got)
 	}
-	if got := header(dead[0], deadletter.HeaderAttempts); got != strconv.Itoa(starts) {
+	if got := kafkatest.Header(dead[0], deadletter.HeaderAttempts); got != strconv.Itoa(starts) {
 		t.Errorf("dlq-attempts = %q, want %d", got, starts)
 	}
 	if got := e.committed(); got != int64(len(all)) {
@@ -197,7 +197,7 @@ func TestCrashLoopOffsetsRestart(t *testing.T) {
 				e.waitFor("the offset committed", func() bool { return e.committed() == 1 })
 				stop()
 				if dead := e.deadLetters(); len(dead) != 0 {
-					t.Fatalf("run %d dead-lettered its message: %s", run, header(dead[0], "dlq-reason"))
+					t.Fatalf("run %d dead-lettered its message: %s", run, kafkatest.Header(dead[0], "dlq-reason"))
 				}
 				checkOnce(t, e, all)
 			}
@@ -223,7 +223,7 @@ func TestCrashLoopOffsetsRestart(t *testing.T) {
 				t.Fatalf("run %d: the worker was not killed", run)
 			}
 			if dead := e.deadLetters(); len(dead) != 0 {
-				t.Fatalf("run %d dead-lettered its message: %s", run, header(dead[0], "dlq-reason"))
+				t.Fatalf("run %d dead-lettered its message: %s", run, kafkatest.Header(dead[0], "dlq-reason"))
 			}
 			checkOnce(t, e, all)
 		}

@@ -111,7 +111,7 @@ func testShutdownTimeoutCancels(t *testing.T, mode testMode) {
 			e.effects(), e.inboxKeys(), e.committed())
 	}
 	if dead := e.deadLetters(); len(dead) != 0 {
-		t.Errorf("the cancelled message was dead-lettered: %v", header(dead[0], deadletter.HeaderReason))
+		t.Errorf("the cancelled message was dead-lettered: %v", kafkatest.Header(dead[0], deadletter.HeaderReason))
 	}
 }
 
@@ -172,7 +172,7 @@ func testDeadLetterTopicUnavailable(t *testing.T, mode testMode) {
 
 	createTopic(t, e.kafka.Addr, dlqTopic)
 	e.waitFor("both offsets committed", func() bool { return e.committed() == 2 })
-	if dead := e.deadLetters(); len(dead) != 1 || header(dead[0], deadletter.HeaderReason) != string(fault.InvalidPayload) {
+	if dead := e.deadLetters(); len(dead) != 1 || kafkatest.Header(dead[0], deadletter.HeaderReason) != string(fault.InvalidPayload) {
 		t.Errorf("dead letters = %v, want the bad message", dead)
 	}
 	checkOnce(t, e, []string{"next"})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
 
@@ -188,7 +189,7 @@ func testDatabaseOutageBeforeBatch(t *testing.T, mode testMode) {
 		return proxy.Refused() >= tries && time.Since(cut) > 3*config.Retry.MaxElapsed
 	})
 	if dead := e.deadLetters(); len(dead) != 0 {
-		t.Fatalf("%d messages dead-lettered during the outage (%s)", len(dead), header(dead[0], "dlq-reason"))
+		t.Fatalf("%d messages dead-lettered during the outage (%s)", len(dead), kafkatest.Header(dead[0], "dlq-reason"))
 	}
 	proxy.Restore()
 

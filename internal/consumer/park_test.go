@@ -18,6 +18,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/kafkatest"
 )
 
 // byKeyModes are the modes that park: Ordering ByKey, in both transaction modes.
@@ -278,18 +279,18 @@ func testParkBudgetRunsOut(t *testing.T, mode testMode) {
 		"Idempotency-Key": "late-1", "trace": "t-late-1", "dlq-reason": "unknown_order",
 		"dlq-original-topic": topic, "dlq-original-partition": "0", "dlq-original-offset": "0",
 	} {
-		if got := header(m, h); got != want {
+		if got := kafkatest.Header(m, h); got != want {
 			t.Errorf("header %s = %q, want %q", h, got, want)
 		}
 	}
-	if got := header(m, "dlq-error"); !strings.Contains(got, "no order for late-1") {
+	if got := kafkatest.Header(m, "dlq-error"); !strings.Contains(got, "no order for late-1") {
 		t.Errorf("dlq-error %q, want the handler's error", got)
 	}
 	var attempts int
-	if _, err := fmt.Sscan(header(m, "dlq-attempts"), &attempts); err != nil || attempts < 2 {
-		t.Errorf("dlq-attempts %q, want the runs in place and in the park", header(m, "dlq-attempts"))
+	if _, err := fmt.Sscan(kafkatest.Header(m, "dlq-attempts"), &attempts); err != nil || attempts < 2 {
+		t.Errorf("dlq-attempts %q, want the runs in place and in the park", kafkatest.Header(m, "dlq-attempts"))
 	}
-	if _, err := time.Parse(time.RFC3339, header(m, "dlq-failed-at")); err != nil {
+	if _, err := time.Parse(time.RFC3339, kafkatest.Header(m, "dlq-failed-at")); err != nil {
 		t.Errorf("dlq-failed-at: %v", err)
 	}
 	e.waitFor("the dead letter counted", func() bool { return outcomes(config, "dead_lettered") >= 1 })
@@ -409,7 +410,7 @@ func TestPoisonKeyDoesNotPause(t *testing.T) {
 		e.waitFor("the poison dead-lettered, the rest applied", func() bool {
 			return len(e.deadLetters()) == 1 && len(e.effects()) == len(others)
 		})
-		if got := header(e.deadLetters()[0], "dlq-reason"); got != "retries_exhausted" {
+		if got := kafkatest.Header(e.deadLetters()[0], "dlq-reason"); got != "retries_exhausted" {
 			t.Errorf("dlq-reason %q, want retries_exhausted", got)
 		}
 		if n := testutil.ToFloat64(config.Metrics.Pauses.WithLabelValues(topic, "outage")); n != 0 {

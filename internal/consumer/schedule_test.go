@@ -20,6 +20,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/kafkatest"
 )
 
 // The tests of ordering by key, of the limits on what runs at once, and of what a route costs.
@@ -379,7 +380,7 @@ func TestThirdRoute(t *testing.T) {
 			t.Errorf("effects of key shared = %v, want one per route", bodies)
 		}
 		dead := e.kafka.ReadAll(t, "audits.dlq", 0)
-		if len(dead) != 1 || header(dead[0], "dlq-reason") != string(fault.InvalidPayload) {
+		if len(dead) != 1 || kafkatest.Header(dead[0], "dlq-reason") != string(fault.InvalidPayload) {
 			t.Errorf("audits dead letters = %v, want the bad one", dead)
 		}
 	})
@@ -425,7 +426,7 @@ func TestRouteKeyRule(t *testing.T) {
 		t.Errorf("effects = %v, want %v: the audit once under its Kafka key, the other route by event_id", keys, want)
 	}
 	dead := e.kafka.ReadAll(t, "audits.dlq", 0)
-	if len(dead) != 1 || header(dead[0], "dlq-reason") != string(fault.MissingIdempotencyKey) {
+	if len(dead) != 1 || kafkatest.Header(dead[0], "dlq-reason") != string(fault.MissingIdempotencyKey) {
 		t.Errorf("audits dead letters = %d, want the one without a Kafka key as missing_idempotency_key", len(dead))
 	}
 }

@@ -354,15 +354,6 @@ func (e *env) retryLogs(key string) []testlog.Record {
 	return out
 }
 
-func header(m kafka.Message, key string) string {
-	for _, h := range m.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
-
 func outcomes(config consumer.Config, outcome string) float64 {
 	return testutil.ToFloat64(config.Metrics.Messages.WithLabelValues(topic, outcome))
 }

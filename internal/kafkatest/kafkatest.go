@@ -167,3 +167,13 @@ func (c *Cluster) CommittedOffset(tb testing.TB, group, topic string, partition 
 	}
 	return -1
 }
+
+// Header returns the value of m's first header named key, "" when it has none.
+func Header(m kafka.Message, key string) string {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}

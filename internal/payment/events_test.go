@@ -238,12 +238,7 @@ func TestEventsOfRetriedBatch(t *testing.T) {
 		if err := json.Unmarshal(m.Value, &v); err != nil {
 			t.Fatal(err)
 		}
-		var key string
-		for _, h := range m.Headers {
-			if h.Key == "Idempotency-Key" {
-				key = string(h.Value)
-			}
-		}
+		key := kafkatest.Header(m, "Idempotency-Key")
 		if string(m.Key) != v.OrderNo || key != want[v.OrderNo] || v.EventID != key || v.Type != payment.EventOrderPaid {
 			t.Errorf("event %s with key %s and Idempotency-Key %s, want order.paid keyed %s with id %s", m.Value,
 				m.Key, key, v.OrderNo, want[v.OrderNo])
