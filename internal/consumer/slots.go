@@ -7,17 +7,20 @@ import (
 
 // slots bound how many of a route's handler runs go at once, across its partitions: at most max
 // (Route.Concurrency), a batch counting once. A call route's slots start slowly: after start, after
-// a pause of the route ends and after a probe is answered, its limit is slowStart, and it grows by
-// slowStartGrowth with each answered call up to max — quadrupling per round of calls —
-// and halves with each retryable failure, so that a provider that has just come back, or is
-// failing, is not met with a whole window of calls at once. It never halves below floor: as many
-// keys as the route's circuit needs failing to tell an outage from a few bad keys (a message
-// retried in place keeps its slot through its backoff, so a limit of one would show the circuit
-// one key, and its retry budget would run out before the route pauses).
+// a pause of the route ends and after a probe is answered, its limit is slowStart, and it grows with
+// each answered call up to max, and halves with each retryable failure, so that a provider that is
+// down at start, has just come back, or is failing, is not met with a whole window of calls at once.
+// How fast it grows depends on what is known: at start nothing speaks against the provider, and the
+// first round of answers opens the whole window (coldGrowth); after a failure, a pause or a probe the
+// provider has just been failing, and the limit only quadruples per round (slowStartGrowth). It
+// never halves below floor: as many keys as the route's circuit needs failing to tell an outage from
+// a few bad keys (a message retried in place keeps its slot through its backoff, so a limit of one
+// would show the circuit one key, and its retry budget would run out before the route pauses).
 type slots struct {
 	max        int
 	slowStart  int // 0: no slow start, the limit is max
 	floor      int
+	growth     int // how much an answered call adds to the limit
 	mu         sync.Mutex
 	limit      int
 	inUse      int
@@ -28,10 +31,18 @@ type slots struct {
 // slowStartLimit is where a call route's concurrency starts, unless its maximum is lower.
 const slowStartLimit = 4
 
-// slowStartGrowth is how much each answered call grows a slow-starting limit: the limit quadruples
-// per round of calls, 4, 16, 64, 128 in three rounds (TCP's +1 per answer, a doubling per round,
-// took five rounds to 128: half a second at 100 ms a call, a fifth of a 2,000-message burst).
+// slowStartGrowth is how much each answered call grows the limit once the provider has been failing:
+// the limit quadruples per round of calls, 4, 16, 64, 128 in three rounds (TCP's +1 per answer, a
+// doubling per round, took five rounds to 128: half a second at 100 ms a call).
 const slowStartGrowth = 3
+
+// coldGrowth is how much each answered call grows the limit at start, before anything failed: the
+// first slowStart answers open the whole window, max in one round of calls. Three rounds at start
+// cost a tenth of a 2,000-message burst at 100 ms a call; a provider down at start still sees only
+// the first slowStart calls.
+func coldGrowth(slowStart, most int) int {
+	return max((most+slowStart-1)/slowStart, slowStartGrowth)
+}
 
 func newSlots(most int, slowStart bool, floor int, onLimitSet func(int)) *slots {
 	s := &slots{max: most, limit: most, floor: max(min(floor, most), 1), freed: make(chan struct{}),
@@ -39,6 +50,7 @@ func newSlots(most int, slowStart bool, floor int, onLimitSet func(int)) *slots 
 	if slowStart {
 		s.slowStart = min(max(slowStartLimit, s.floor), most)
 		s.limit = s.slowStart
+		s.growth = coldGrowth(s.slowStart, most)
 	}
 	s.report()
 	return s
@@ -90,23 +102,28 @@ func (s *slots) free() int {
 	return max(s.limit-s.inUse, 0)
 }
 
-// succeeded grows a slow-starting limit by slowStartGrowth, up to max.
+// succeeded grows a slow-starting limit by its growth, up to max.
 func (s *slots) succeeded() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.slowStart == 0 || s.limit >= s.max {
 		return
 	}
-	s.limit = min(s.limit+slowStartGrowth, s.max)
+	s.limit = min(s.limit+s.growth, s.max)
 	s.signal()
 	s.report()
 }
 
-// failed halves a slow-starting limit, down to the floor.
+// failed halves a slow-starting limit, down to the floor; from now on it grows only by
+// slowStartGrowth.
 func (s *slots) failed() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.slowStart == 0 || s.limit <= s.floor {
+	if s.slowStart == 0 {
+		return
+	}
+	s.growth = slowStartGrowth
+	if s.limit <= s.floor {
 		return
 	}
 	s.limit = max(s.limit/2, s.floor)
@@ -121,6 +138,7 @@ func (s *slots) restart() {
 		return
 	}
 	s.limit = s.slowStart
+	s.growth = slowStartGrowth
 	s.report()
 }
 

@@ -2,13 +2,14 @@ package consumer
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"testing/synctest"
 )
 
-// TestSlotsSlowStart: a call route's slots start at 4, grow by one with each answered run up to
-// the route's concurrency, halve with each failure, and start slowly again after a pause; a
-// database route's are all there from the start.
+// TestSlotsSlowStart: a call route's slots start at 4, grow with each answered run up to the
+// route's concurrency, halve with each failure, and start slowly again after a pause; a database
+// route's are all there from the start.
 func TestSlotsSlowStart(t *testing.T) {
 	t.Parallel()
 	var limits []int
@@ -97,4 +98,37 @@ func TestSlotsAcquire(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestSlotsGrowth: at start the first round of answers opens a call route's whole window; once the
+// provider has failed, or after a pause, the limit only quadruples per round of answers.
+func TestSlotsGrowth(t *testing.T) {
+	t.Parallel()
+	round := func(s *slots) int {
+		n := s.free()
+		for range n {
+			s.succeeded()
+		}
+		return s.free()
+	}
+	cases := []struct {
+		name   string
+		before func(*slots)
+		want   []int // free slots before any answer, then after each round of answers
+	}{
+		{"at start", func(*slots) {}, []int{4, 128}},
+		{"after a restart", (*slots).restart, []int{4, 16, 64, 128}},
+		{"after a failure at start", (*slots).failed, []int{3, 12, 48, 128}},
+	}
+	for _, c := range cases {
+		s := newSlots(128, true, 3, nil)
+		c.before(s)
+		got := []int{s.free()}
+		for len(got) < len(c.want) {
+			got = append(got, round(s))
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%s: free slots after each round %v, want %v", c.name, got, c.want)
+		}
+	}
 }
