@@ -35,12 +35,13 @@ func (p *partition) apply(ctx context.Context, d *dispatch) settled {
 		}
 	}()
 	e := d.entries[0]
-	switch {
-	case d.starts > crashLoopStarts:
-		if p.deadLetterCrashLoop(e.ctx, e, d.starts-1) != nil {
+	if crash, ok := crashLooped(d.starts); ok {
+		if p.deadLetterCrashLoop(e.ctx, e, crash, d.starts-1) != nil {
 			return settled{d: d} // the count stays: the next owner dead-letters it without running it
 		}
 		return settled{d: d, finished: 1}
+	}
+	switch {
 	case d.batch:
 		return settled{d: d, finished: p.applyBatch(ctx, d.entries)}
 	case p.applyMessage(e.ctx, e, carried{}) != nil:

@@ -2,10 +2,8 @@ package consumer
 
 import (
 	"context"
-	"fmt"
 	"time"
 
-	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -25,14 +23,12 @@ import (
 // owner runs the messages of the suspect ranges one at a time, each recorded alone and committed
 // as soon as it finishes, so that each one's starts are counted alone; a message started
 // crashLoopStarts times in a row without finishing is dead-lettered with reason crash_loop on its
-// next start, without running its handler.
+// next start, without running its handler (crashLooped, the policy's, decides, for parked messages
+// too).
 //
 // A process that dies for a reason of its own while a message is in flight counts a start against
 // that message too: it takes crashLoopStarts such deaths in a row on one message to dead-letter it,
 // and a dead letter can be replayed.
-
-// crashLoopStarts is how many starts without finishing make a message a crash loop.
-const crashLoopStarts = 5
 
 // crashGuard is a partition's crash-loop guard. It belongs to the partition's loop goroutine.
 type crashGuard struct {
@@ -212,14 +208,14 @@ func (g *crashGuard) release(ctx context.Context) {
 	}
 }
 
-// deadLetterCrashLoop dead-letters e, whose handler was started too often without finishing.
-func (p *partition) deadLetterCrashLoop(ctx context.Context, e *entry, starts int) error {
+// deadLetterCrashLoop dead-letters e, whose handler was started too often without finishing, as
+// crashLooped decided d; the handler ran once per death.
+func (p *partition) deadLetterCrashLoop(ctx context.Context, e *entry, d decision, deaths int) error {
 	log := p.log.With("offset", e.msg.Offset)
-	err := fmt.Errorf("the worker died %d times in a row while handling this message", starts)
-	if err := p.deadLetter(ctx, e.msg, failure{reason: fault.CrashLoop, err: err, attempts: starts}, log); err != nil {
+	if err := p.deadLetter(ctx, e.msg, failure{reason: d.reason, err: d.err, attempts: deaths}, log); err != nil {
 		return err
 	}
-	e.span.Fail(string(fault.CrashLoop), err)
+	e.span.Fail(string(d.reason), d.err)
 	e.span.SetOutcome(outcomeDeadLettered)
 	p.c.metrics.count(p.topic, outcomeDeadLettered)
 	return nil

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -186,6 +187,23 @@ func exponential(initial, max time.Duration, jitter float64, n int) time.Duratio
 
 // maxDoublings is more doublings than any interval takes to reach its maximum.
 const maxDoublings = 64
+
+// crashLoopStarts is how many starts of a message in a row without its finishing make it a crash
+// loop: the worker died with it in flight each time.
+const crashLoopStarts = 5
+
+// crashLooped says what becomes of a message about to start for the starts-th time in a row without
+// ever finishing (this start included), whichever executor is to run it: the partition counts the
+// starts of the ranges of offsets it runs (crashloop.go), the retrier those of a parked message
+// (inbox.StartLog, both). Past crashLoopStarts the worker died with it in flight each time: it is
+// dead-lettered with reason crash_loop without running again. Otherwise it runs (false).
+func crashLooped(starts int) (decision, bool) {
+	if starts <= crashLoopStarts {
+		return decision{}, false
+	}
+	return decision{action: deadLetter, reason: fault.CrashLoop,
+		err: fmt.Errorf("the worker died %d times in a row while handling this message", starts-1)}, true
+}
 
 // errKeyReused is the error of a message whose idempotency key was applied before with another
 // payload.

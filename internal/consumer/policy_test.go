@@ -116,6 +116,30 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+// TestCrashLooped: a message about to start for the 6th time in a row without finishing — the
+// worker died with it in flight 5 times — is dead-lettered as crash_loop without running, whichever
+// executor counted its starts; up to the 5th start it runs.
+func TestCrashLooped(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		starts int
+		dead   bool
+	}{{0, false}, {1, false}, {crashLoopStarts, false}, {crashLoopStarts + 1, true}, {40, true}} {
+		d, dead := crashLooped(c.starts)
+		if dead != c.dead {
+			t.Errorf("start %d: dead-lettered %v, want %v", c.starts, dead, c.dead)
+			continue
+		}
+		if !dead {
+			continue
+		}
+		want := fmt.Sprintf("the worker died %d times in a row while handling this message", c.starts-1)
+		if d.action != deadLetter || d.reason != fault.CrashLoop || d.err == nil || d.err.Error() != want {
+			t.Errorf("start %d: %+v, want a crash_loop dead letter, %q", c.starts, d, want)
+		}
+	}
+}
+
 // TestHistoryNext: an attempt's decision is written into the message's history as the park keeps
 // it: its runs, its budget spent, its time in place, its first and last failures.
 func TestHistoryNext(t *testing.T) {

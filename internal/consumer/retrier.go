@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/tracing"
 )
@@ -215,7 +214,7 @@ func (r *retrier) sleep(ctx context.Context, d time.Duration) {
 // leaves the park (applied, a duplicate, dead-lettered) or is rescheduled.
 func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 	log := r.log.With("offset", m.Offset, "key", m.IdempotencyKey, "parked_id", m.ID)
-	starts, err := r.p.c.config.Store.Park().Start(ctx, m)
+	starts, err := r.p.c.config.Store.StartLog().RecordParked(ctx, m)
 	if err != nil {
 		r.settleFailed(ctx, "begin a retry of the parked message", err, log)
 		return
@@ -224,11 +223,10 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 		Topic: r.p.topic, Partition: r.p.id, Offset: m.Offset, IdempotencyKey: m.IdempotencyKey,
 		Headers: fromParked(m).Headers})
 	defer span.End()
-	if starts > crashLoopStarts {
-		err := fmt.Errorf("the worker died %d times in a row while retrying this parked message", starts-1)
-		span.Fail(string(fault.CrashLoop), err)
+	if crash, ok := crashLooped(starts); ok {
+		span.Fail(string(crash.reason), crash.err)
 		span.SetOutcome(outcomeDeadLettered)
-		r.deadLetterAndRemove(ctx, m, failure{reason: fault.CrashLoop, err: err, attempts: m.Attempts}, log)
+		r.deadLetterAndRemove(ctx, m, failure{reason: crash.reason, err: crash.err, attempts: m.Attempts}, log)
 		return
 	}
 	g := r.p.route.gate

@@ -326,3 +326,12 @@ type Delivery struct {
 	// topic is set to LogAppendTime), for a handler that drops what is too old to be of use.
 	Produced time.Time
 }
+
+// Ping checks that the database answers. An error is classified (see Classify): unavailable when
+// the database cannot be reached.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return Classify(fmt.Errorf("inbox: ping: %w", err))
+	}
+	return nil
+}

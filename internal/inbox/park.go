@@ -274,33 +274,6 @@ func (k *Park) TakeDue(ctx context.Context, topic string, partition int32, owner
 	return taken, nil
 }
 
-// Start records that a retry of p, which the caller held, begins, and returns p's starts: how
-// many retries of it in a row began and never settled (Reschedule, Release, ReleaseAll, or its
-// leaving the park), this one included. Its retrier died in each of the others. It returns
-// ErrHoldLost when p is no longer held by p.HeldBy.
-//
-// The count is committed without waiting for the flush to disk (synchronous_commit off): it must
-// outlive the worker, which it does as soon as Postgres has it, and a crash of Postgres itself, which
-// could lose it, is no crash of the message's. That spares a retry a second flush.
-func (k *Park) Start(ctx context.Context, p Parked) (int, error) {
-	var starts int
-	err := WithTx(ctx, k.pool, func(ctx context.Context, tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit TO OFF`); err != nil {
-			return err
-		}
-		return tx.QueryRow(ctx, `
-			UPDATE inbox_parked SET starts = starts + 1 WHERE id = $1 AND held_by = $2 RETURNING starts`,
-			p.ID, p.HeldBy).Scan(&starts)
-	})
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return 0, ErrHoldLost
-	case err != nil:
-		return 0, Classify(fmt.Errorf("inbox: begin a retry of a parked message: %w", err))
-	}
-	return starts, nil
-}
-
 // NextDue returns how long until the next head of topic's partition is due, or has its hold
 // lapse: 0 when one is due now, and false when nothing is parked from the partition.
 func (k *Park) NextDue(ctx context.Context, topic string, partition int32) (time.Duration, bool, error) {

@@ -40,7 +40,7 @@ func BenchmarkDrainPark(b *testing.B) {
 						b.Fatalf("TakeDue = %d, %v with %d left", len(taken), err, left)
 					}
 					for _, p := range taken {
-						if _, err := e.store.Park().Start(ctx, p); err != nil {
+						if _, err := e.store.StartLog().RecordParked(ctx, p); err != nil {
 							b.Fatal(err)
 						}
 						if outcome, err := e.store.Park().Process(ctx, p, noop); err != nil || outcome != inbox.Applied {

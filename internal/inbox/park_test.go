@@ -739,7 +739,7 @@ func TestParkStats(t *testing.T) {
 }
 
 // A retry begun and never settled counts a start: its retrier died in it. Settling resets the count.
-func TestParkStarts(t *testing.T) {
+func TestStartLogRecordParked(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := setup(t, inbox.Config{})
@@ -751,8 +751,8 @@ func TestParkStarts(t *testing.T) {
 			t.Fatalf("take %d: %+v, want A@1", want, taken)
 		}
 		id = taken[0].ID
-		if starts, err := e.store.Park().Start(ctx, taken[0]); err != nil || starts != want {
-			t.Fatalf("Begin %d = %d, %v; want %d", want, starts, err, want)
+		if starts, err := e.store.StartLog().RecordParked(ctx, taken[0]); err != nil || starts != want {
+			t.Fatalf("RecordParked %d = %d, %v; want %d", want, starts, err, want)
 		}
 		e.lapse(t, "A@1") // its owner died
 	}
@@ -762,7 +762,7 @@ func TestParkStarts(t *testing.T) {
 	stale := e.take(t, "alive", 1)[0]
 	e.lapse(t, "A@1")
 	e.take(t, "other", 1)
-	if _, err := e.store.Park().Start(ctx, stale); !errors.Is(err, inbox.ErrHoldLost) {
+	if _, err := e.store.StartLog().RecordParked(ctx, stale); !errors.Is(err, inbox.ErrHoldLost) {
 		t.Errorf("Begin by a stale owner: %v, want ErrClaimLost", err)
 	}
 	for name, settle := range map[string]func(inbox.Parked) error{
@@ -774,7 +774,7 @@ func TestParkStarts(t *testing.T) {
 	} {
 		e.exec(t, `UPDATE inbox_parked SET next_attempt_at = now(), held_by = NULL, held_until = NULL`)
 		p := e.take(t, "alive", 1)[0]
-		if _, err := e.store.Park().Start(ctx, p); err != nil {
+		if _, err := e.store.StartLog().RecordParked(ctx, p); err != nil {
 			t.Fatal(err)
 		}
 		if err := settle(p); err != nil {

@@ -3,19 +3,23 @@ package inbox
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// The statements of a consumer's crash-loop guard (package consumer). A consumer records each range
-// of offsets of a partition before it starts the range's messages, and deletes the record once the
-// range is finished or cleanly abandoned; a record that outlives its run tells the partition's next
-// owner that a run died in that range. The store only keeps the records: what a death means is the
-// consumer's business.
+// The statements of a consumer's crash counter (package consumer): the one record of the messages
+// it started and did not finish. A consumer records each range of offsets of a partition before it
+// starts the range's messages (Record), one statement for the range, and deletes the record once
+// the range is finished or cleanly abandoned (Release); a record that outlives its run tells the
+// partition's next owner that a run died in that range (Unfinished). A retry of a parked message is
+// recorded alone on the message's row (RecordParked), which its settling resets or removes. The
+// store only keeps the counts: what a death means is the consumer's business.
 
-// StartLog is the log of the ranges of messages a consumer started (Store.StartLog).
+// StartLog is the log of the messages a consumer started (Store.StartLog): ranges of a partition's
+// offsets, and retries of parked messages.
 type StartLog struct{ pool *pgxpool.Pool }
 
 // Partition names one partition of a topic as a consumer group consumes it.
@@ -53,7 +57,7 @@ SET starts = CASE WHEN a.last_offset = excluded.last_offset
     updated_at = now()
 RETURNING starts`
 
-// StartRecord records, in one autocommit statement, that r's messages of p start now, and returns
+// Record records, in one autocommit statement, that r's messages of p start now, and returns
 // how many times in a row that same range (same offsets, same first message) has been started,
 // this time included; r.Starts is not read. In the same statement it deletes p's records of ranges
 // that ended before finishedBefore, the partition's committed offset: they finished.
@@ -67,7 +71,7 @@ func (l *StartLog) Record(ctx context.Context, p Partition, r StartedRange, fini
 	return starts, nil
 }
 
-// StartRelease deletes p's records of the ranges that begin at firsts: they finished, or were
+// Release deletes p's records of the ranges that begin at firsts: they finished, or were
 // abandoned cleanly (rolled back, not died in).
 func (l *StartLog) Release(ctx context.Context, p Partition, firsts []int64) error {
 	if len(firsts) == 0 {
@@ -83,7 +87,7 @@ func (l *StartLog) Release(ctx context.Context, p Partition, firsts []int64) err
 	return nil
 }
 
-// StartUnfinished returns p's recorded ranges that end at or after from, in offset order: ranges a run
+// Unfinished returns p's recorded ranges that end at or after from, in offset order: ranges a run
 // started and did not finish, if from is where the partition's consumption starts again.
 func (l *StartLog) Unfinished(ctx context.Context, p Partition, from int64) ([]StartedRange, error) {
 	rows, _ := l.pool.Query(ctx, `
@@ -104,11 +108,30 @@ func (l *StartLog) Unfinished(ctx context.Context, p Partition, from int64) ([]S
 	return ranges, nil
 }
 
-// Ping checks that the database answers. An error is classified (see Classify): unavailable when
-// the database cannot be reached.
-func (s *Store) Ping(ctx context.Context) error {
-	if err := s.pool.Ping(ctx); err != nil {
-		return Classify(fmt.Errorf("inbox: ping: %w", err))
+// RecordParked records that a retry of p, a parked message the caller holds, begins, and returns
+// p's starts: how many retries of it in a row began and never settled (Park.Reschedule,
+// Park.Release, Park.ReleaseAll, or its leaving the park), this one included. Its retrier died in
+// each of the others. The count is kept on p's row, so that it goes with the row. It returns
+// ErrHoldLost when p is no longer held by p.HeldBy.
+//
+// The count is committed without waiting for the flush to disk (synchronous_commit off): it must
+// outlive the worker, which it does as soon as Postgres has it, and a crash of Postgres itself, which
+// could lose it, is no crash of the message's. That spares a retry a second flush.
+func (l *StartLog) RecordParked(ctx context.Context, p Parked) (int, error) {
+	var starts int
+	err := WithTx(ctx, l.pool, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit TO OFF`); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `
+			UPDATE inbox_parked SET starts = starts + 1 WHERE id = $1 AND held_by = $2 RETURNING starts`,
+			p.ID, p.HeldBy).Scan(&starts)
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, ErrHoldLost
+	case err != nil:
+		return 0, Classify(fmt.Errorf("inbox: begin a retry of a parked message: %w", err))
 	}
-	return nil
+	return starts, nil
 }
