@@ -14,6 +14,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
+	"github.com/inboxworker/inboxworker/internal/poll"
 	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
@@ -149,10 +150,9 @@ func TestParkMetrics(t *testing.T) {
 		defer close(done)
 		reportParked(runCtx, m, store, []string{"a", "b"}, 10*time.Millisecond, testlog.New(t))
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for testutil.ToFloat64(m.Parked.WithLabelValues("a")) != 3 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.For(t, "the gauge of a's parked messages at 3", func() bool {
+		return testutil.ToFloat64(m.Parked.WithLabelValues("a")) == 3
+	})
 	cancel()
 	<-done
 	if v := testutil.ToFloat64(m.Parked.WithLabelValues("a")); v != 3 {
