@@ -502,7 +502,7 @@ func TestSlowStartThroughAnOutage(t *testing.T) {
 	parkSoon(&config)
 	config.Routes[0].Concurrency = 128
 	config.Retry.MaxElapsed = 3 * time.Second
-	config.Circuit = consumer.CircuitConfig{ProbeInterval: 200 * time.Millisecond, MaxProbeInterval: time.Second}
+	config.Circuit = consumer.CircuitConfig{} // the probes of a deployment: 1s, then 2s, 4s
 	all := keys("sms", 400)
 	e.produce(all...)
 	e.start(config)
