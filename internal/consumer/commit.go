@@ -23,7 +23,7 @@ const commitRetry = time.Second
 
 // commitDue says whether the offset is to be committed now, or else how long until it will be.
 func (p *partition) commitDue(draining bool) (bool, time.Duration) {
-	if p.finished == 0 {
+	if p.window.finished() == 0 {
 		if p.failedCommit <= p.committed {
 			return false, 0
 		}
@@ -32,7 +32,7 @@ func (p *partition) commitDue(draining bool) (bool, time.Duration) {
 		}
 		return true, 0
 	}
-	if draining || p.finished == len(p.window) {
+	if draining || p.window.allFinished() {
 		return true, 0
 	}
 	since := time.Since(p.lastCommit)
@@ -48,18 +48,14 @@ func (p *partition) commitDue(draining bool) (bool, time.Duration) {
 // the partition is released first, the messages since the last commit are delivered again and
 // found in the inbox.
 func (p *partition) commit() {
-	if p.finished == 0 {
+	offset, n := p.window.dropFinished()
+	if n == 0 {
 		if p.failedCommit > p.committed {
 			p.lastCommit = time.Now()
 			p.commitOffset(p.failedCommit)
 		}
 		return
 	}
-	offset := p.window[p.finished-1].msg.Offset + 1
-	n := p.finished
-	clear(p.window[:n])
-	p.window = p.window[n:]
-	p.finished = 0
 	p.lastCommit = time.Now()
 	defer func() {
 		for range n {

@@ -106,10 +106,10 @@ func (g *crashGuard) load(ctx context.Context, from int64) {
 // unfinished message is in one: then it runs alone.
 func (g *crashGuard) narrowing() bool {
 	p := g.p
-	if !g.loaded || p.finished == len(p.window) {
+	if !g.loaded || p.window.allFinished() {
 		return false
 	}
-	next := p.window[p.finished].msg.Offset
+	next := p.window.firstUnfinished().msg.Offset
 	for len(g.suspects) > 0 && g.suspects[0].Last < next {
 		g.suspects = g.suspects[1:]
 	}
@@ -140,7 +140,7 @@ func (g *crashGuard) cover(ctx context.Context, ds []*dispatch) bool {
 	}
 	p := g.p
 	var first *entry
-	for _, e := range p.window {
+	for _, e := range p.window.all() {
 		if e.msg.Offset > g.covered {
 			first = e
 			break
@@ -148,7 +148,7 @@ func (g *crashGuard) cover(ctx context.Context, ds []*dispatch) bool {
 	}
 	r := inbox.StartedRange{
 		First:            first.msg.Offset,
-		Last:             p.window[len(p.window)-1].msg.Offset,
+		Last:             p.window.last().msg.Offset,
 		FirstFingerprint: inbox.Fingerprint(first.msg.Value),
 	}
 	if _, ok := g.record(ctx, r); !ok {

@@ -40,27 +40,33 @@ func (p *partition) fetch(ctx context.Context, out chan<- kafka.Message) {
 func (p *partition) add(ctx context.Context, m kafka.Message) {
 	e := &entry{msg: m, fetched: time.Now()}
 	e.key, e.reason, e.keyErr = p.route.IdempotencyKey(m)
-	switch {
-	case p.c.config.Ordering == ByPartition:
-		e.order = ""
-	case len(m.Key) > 0:
-		e.order = "k" + string(m.Key)
-	case e.keyErr == nil:
-		e.order = "i" + e.key
-	default:
-		e.order = "o" + strconv.FormatInt(m.Offset, 10) // its own: it is dead-lettered, in any order
-	}
+	e.order = orderingKey(p.c.config.Ordering, m, e.key, e.keyErr)
 	if p.committed < 0 {
 		p.committed = m.Offset // the partition starts here: what came before is not this run's
 	}
-	p.window = append(p.window, e)
-	p.unstarted++
+	p.window.add(e)
 	p.guard.fetched(ctx, e)
+}
+
+// orderingKey is the ordering key of m, whose idempotency key is key (or none, for keyErr), under
+// ordering: the one key "" of the whole partition with ByPartition; else its Kafka key, or
+// without one its idempotency key, or without either a key of its own, for it is dead-lettered,
+// in any order. The three kinds are prefixed so that none is taken for another.
+func orderingKey(ordering Ordering, m kafka.Message, key string, keyErr error) string {
+	switch {
+	case ordering == ByPartition:
+		return ""
+	case len(m.Key) > 0:
+		return "k" + string(m.Key)
+	case keyErr == nil:
+		return "i" + key
+	}
+	return "o" + strconv.FormatInt(m.Offset, 10)
 }
 
 // addMore takes in whatever else was fetched already, so that one schedule covers it all.
 func (p *partition) addMore(ctx context.Context, fetched <-chan kafka.Message) {
-	for len(p.window) < p.c.config.MaxInFlight {
+	for p.window.inFlight() < p.c.config.MaxInFlight {
 		select {
 		case m := <-fetched:
 			p.add(ctx, m)

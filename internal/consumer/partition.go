@@ -26,13 +26,15 @@ const commitInterval = 50 * time.Millisecond
 //
 //	fetch → schedule → apply → settle → commit
 //
-// A fetcher goroutine fetches up to MaxInFlight messages ahead of the commit
-// (fetch.go). schedule starts, each on a goroutine of its own, the messages that may start: the
-// next message of every ordering key with nothing in flight (see Config.Ordering), as a batch or
-// one by one, within the route's gate (schedule.go). apply takes a dispatch's messages to a
-// finished state: applied, a duplicate, dead-lettered or parked (apply.go, batch.go). settle marks
-// them finished and frees their keys (settle.go). commit commits the offset after the highest
-// contiguous finished message (commit.go).
+// The messages fetched and not yet committed are its window (window.go), which the steps ask and
+// change: a fetcher goroutine fetches up to MaxInFlight messages ahead of the commit, and fetch
+// adds them to the window (fetch.go). schedule starts, each on a goroutine of its own, the
+// messages the window says may start: the next message of every ordering key with nothing in
+// flight (see Config.Ordering), as a batch or one by one, within the route's gate (schedule.go).
+// apply takes a dispatch's messages to a finished state: applied, a duplicate, dead-lettered or
+// parked (apply.go, batch.go). settle marks them finished in the window, or abandoned, and frees
+// their keys (settle.go). commit commits the offset after the highest contiguous finished message
+// and drops those messages from the window (commit.go).
 type partition struct {
 	c      *Consumer
 	route  *route
@@ -51,15 +53,12 @@ type partition struct {
 
 	// The state below belongs to run's goroutine.
 
-	window     []*entry        // fetched, not yet committed, in offset order
-	finished   int             // how many of window's first messages are finished
-	busy       map[string]bool // ordering keys with a dispatch in flight
-	unstarted  int             // messages of window not started
-	running    int             // dispatches in flight
-	wantsSlot  bool            // a message could start if a slot were free
-	room       chan struct{}   // a token per message fetched and not committed
-	settled    chan settled    // dispatches' results
-	committed  int64           // the offset committed last, else the first fetched; -1 before that
+	window     window        // the messages fetched and not yet committed
+	running    int           // dispatches in flight
+	wantsSlot  bool          // a message could start if a slot were free
+	room       chan struct{} // a token per message fetched and not committed
+	settled    chan settled  // dispatches' results
+	committed  int64         // the offset committed last, else the first fetched; -1 before that
 	lastCommit time.Time
 	// failedCommit is the offset of the last commit that failed: committed again while nothing
 	// newer is.
@@ -75,6 +74,8 @@ type entry struct {
 	reason  fault.Reason
 	keyErr  error // why it has no valid idempotency key
 	fetched time.Time
+	// started and done are the window's (see window): started from its start, done once its
+	// dispatch finished it.
 	started bool
 	done    bool
 	// ctx and span are the message's span and a context holding it, from the start of its dispatch.
@@ -108,7 +109,6 @@ func (c *Consumer) newPartition(route *route, a kafka.PartitionAssignment, gen *
 		gen:          gen,
 		offset:       a.Offset,
 		log:          c.log.With("topic", route.Topic, "partition", a.ID, "generation", gen.ID),
-		busy:         make(map[string]bool),
 		room:         make(chan struct{}, c.config.MaxInFlight),
 		settled:      make(chan settled, c.config.MaxInFlight),
 		committed:    -1,

@@ -27,7 +27,7 @@ func (p *partition) schedule(work, idle context.Context) time.Duration {
 		return wait
 	case admission == admitProbe && p.running > 0:
 		return routePoll // the probe starts once nothing of the partition is in flight
-	case p.unstarted == 0:
+	case p.window.unstarted() == 0:
 		return 0
 	case p.route.gate.full():
 		p.wantsSlot = true // no slot to start anything with: no need to look for what could start
@@ -58,19 +58,12 @@ func (p *partition) schedule(work, idle context.Context) time.Duration {
 // pickMessages takes the messages that may start, one dispatch each, as long as the route has slots.
 func (p *partition) pickMessages() []*dispatch {
 	var ds []*dispatch
-	barrier := p.guard.barrier()
-	for _, e := range p.window[p.finished:] {
-		if e.msg.Offset >= barrier {
-			break
-		}
-		if e.started || p.busy[e.order] {
-			continue
-		}
+	for e := range p.window.startable(p.guard.barrier()) {
 		if !p.takeSlot() {
 			p.wantsSlot = true
 			break
 		}
-		p.start(e)
+		p.window.start(e) // its key's later messages wait for it
 		ds = append(ds, &dispatch{entries: []*entry{e}})
 	}
 	return ds
@@ -80,15 +73,8 @@ func (p *partition) pickMessages() []*dispatch {
 // trip the circuit if it can, as such a probe tells more of the dependency than a key that may
 // fail on its own.
 func (p *partition) pickProbe() []*dispatch {
-	barrier := p.guard.barrier()
 	var pick *entry
-	for _, e := range p.window[p.finished:] {
-		if e.msg.Offset >= barrier {
-			break
-		}
-		if e.started || p.busy[e.order] {
-			continue
-		}
+	for e := range p.window.startable(p.guard.barrier()) {
 		if pick == nil || !p.route.gate.tripped(e.order) {
 			pick = e
 		}
@@ -100,7 +86,7 @@ func (p *partition) pickProbe() []*dispatch {
 		p.wantsSlot = pick != nil
 		return nil
 	}
-	p.start(pick)
+	p.window.start(pick)
 	return []*dispatch{{entries: []*entry{pick}}}
 }
 
@@ -114,18 +100,16 @@ func (p *partition) pickBatches() ([]*dispatch, time.Duration) {
 			return ds, wait // before looking through the window for each message fetched meanwhile
 		}
 		var batch []*entry
-		for _, e := range p.window[p.finished:] {
-			if e.msg.Offset >= barrier || len(batch) == p.c.config.BatchSize {
+		for e := range p.window.startable(barrier) {
+			batch = append(batch, e) // a key's later messages follow its first, in offset order
+			if len(batch) == p.c.config.BatchSize {
 				break
-			}
-			if !e.started && !p.busy[e.order] {
-				batch = append(batch, e) // a key's later messages follow its first, in offset order
 			}
 		}
 		if len(batch) == 0 {
 			return ds, 0
 		}
-		if len(batch) < p.c.config.BatchSize && len(p.window) < p.c.config.MaxInFlight {
+		if len(batch) < p.c.config.BatchSize && p.window.inFlight() < p.c.config.MaxInFlight {
 			if wait := p.c.config.BatchWait - time.Since(batch[0].fetched); wait > 0 {
 				return ds, wait
 			}
@@ -135,7 +119,7 @@ func (p *partition) pickBatches() ([]*dispatch, time.Duration) {
 			return ds, 0
 		}
 		for _, e := range batch {
-			p.start(e)
+			p.window.start(e)
 		}
 		ds = append(ds, &dispatch{entries: batch, batch: true})
 	}
@@ -154,13 +138,13 @@ func (p *partition) scheduleAlone(work context.Context) time.Duration {
 		p.wantsSlot = true
 		return 0
 	}
-	e := p.window[p.finished]
+	e := p.window.firstUnfinished() // there is one: the guard is narrowing
 	starts, ok := p.guard.recordAlone(work, e)
 	if !ok {
 		p.route.gate.release()
 		return 0
 	}
-	p.start(e)
+	p.window.start(e)
 	p.launch(work, &dispatch{entries: []*entry{e}, batch: p.route.batcher != nil, starts: starts})
 	return 0
 }
@@ -179,32 +163,21 @@ func (p *partition) launch(work context.Context, d *dispatch) {
 func (p *partition) unpick(ds []*dispatch) {
 	for _, d := range ds {
 		for _, e := range d.entries {
-			e.started = false
-			p.unstarted++
-			delete(p.busy, e.order)
+			p.window.unstart(e)
 		}
 		p.route.gate.release()
 	}
-}
-
-// start marks e started and its key busy.
-func (p *partition) start(e *entry) {
-	e.started = true
-	p.unstarted--
-	p.busy[e.order] = true
 }
 
 // batchWait says how long the next batch is to wait for more messages: while fewer than BatchSize
 // are unstarted, there is room to fetch more, and the first unstarted one was fetched less than
 // BatchWait ago.
 func (p *partition) batchWait() time.Duration {
-	if p.unstarted >= p.c.config.BatchSize || len(p.window) >= p.c.config.MaxInFlight {
+	if p.window.unstarted() >= p.c.config.BatchSize || p.window.inFlight() >= p.c.config.MaxInFlight {
 		return 0
 	}
-	for _, e := range p.window[p.finished:] {
-		if !e.started {
-			return p.c.config.BatchWait - time.Since(e.fetched)
-		}
+	if e := p.window.firstUnstarted(); e != nil {
+		return p.c.config.BatchWait - time.Since(e.fetched)
 	}
 	return 0
 }
