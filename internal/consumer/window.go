@@ -11,9 +11,10 @@ import "iter"
 // A message is unstarted from its fetch (add) until it starts (start); then its ordering key is in
 // flight until its dispatch settles (settle), which leaves it finished or, abandoned, unfinished: an
 // abandoned message's work rolled back because the partition was revoked or the consumer is
-// stopping, and it stays unfinished, never started again by this owner, so that no commit covers it
-// and it is delivered again. The window's first messages that are all finished are what the next
-// commit covers (dropFinished): a message finished after an unfinished one waits for it.
+// stopping, and it stays unfinished, never started again by this owner, its key in flight, so that
+// no commit covers it, no later message of its key overtakes it, and it is delivered again. The
+// window's first messages that are all finished are what the next commit covers (dropFinished): a
+// message finished after an unfinished one waits for it.
 //
 // With Ordering ByPartition every message has the one ordering key "" (see orderingKey), so a
 // partition has at most one message in flight, or one batch. The zero window is empty and ready.
@@ -72,12 +73,18 @@ func (w *window) unstart(e *entry) {
 }
 
 // settle records what came of a dispatch of entries, in offset order: its first finished messages
-// finished, the others abandoned (they stay started and unfinished). It frees the dispatch's
-// ordering keys and extends the window's finished messages over those now contiguous.
+// finished, the others abandoned (they stay started and unfinished). It frees the ordering keys of
+// the dispatch's finished messages and extends the window's finished messages over those now
+// contiguous. An abandoned message's key stays in flight for the rest of the window: its later
+// messages must not overtake it, and it is not started again before its redelivery (a stop noticed
+// by a retry's wait can abandon a message while schedule still runs).
 func (w *window) settle(entries []*entry, finished int) {
 	for i, e := range entries {
 		e.done = i < finished
 		delete(w.busy, e.order)
+	}
+	for _, e := range entries[finished:] {
+		w.busy[e.order] = true
 	}
 	for w.done < len(w.entries) && w.entries[w.done].done {
 		w.done++

@@ -205,7 +205,7 @@ func TestWindow(t *testing.T) {
 			commit(13, 2),
 		}},
 		// An abandoned message stays started and unfinished: never yielded again, and no commit
-		// passes it, so that it is delivered again; its key is freed.
+		// passes it, so that it is delivered again.
 		{name: "Abandoned", keys: []string{"a", "b", "c"}, steps: []windowStep{
 			startEach(noBarrier, 10, 11, 12),
 			settle(0, 10),
@@ -216,6 +216,21 @@ func TestWindow(t *testing.T) {
 			settle(1, 12),
 			commit(0, 0),
 			counts(3, 0, 0, 10, -1),
+		}},
+		// An abandoned message keeps its key in flight: the key's later messages wait for its
+		// redelivery instead of overtaking it; other keys go on.
+		{name: "AbandonedKeyWaits", keys: []string{"a", "a", "b", "b"}, steps: []windowStep{
+			startEach(noBarrier, 10, 12),
+			settle(0, 10),
+			settle(1, 12),
+			startEach(noBarrier, 13),
+		}},
+		// A batch abandoned after its first messages finished: those count, the rest do not; the
+		// key of a message abandoned after one of its key finished stays in flight.
+		{name: "BatchAbandonedKeyWaits", keys: []string{"a", "a", "a", "b"}, steps: []windowStep{
+			startBatch(2, 10, 11),
+			settle(1, 10, 11),
+			startEach(noBarrier, 13),
 		}},
 		// A batch abandoned after its first messages finished: those count, the rest do not.
 		{name: "BatchPartlyAbandoned", keys: []string{"a", "b", "a", "c"}, steps: []windowStep{
