@@ -74,8 +74,6 @@ type CircuitConfig struct {
 	ProbeInterval time.Duration
 	// MaxProbeInterval defaults to 30s.
 	MaxProbeInterval time.Duration
-	// Now is the clock. Defaults to time.Now.
-	Now func() time.Time
 	// OnChange, when set, is told of every change of state, and why, in order. It is called with the
 	// circuit locked: it must return quickly and not call the circuit.
 	OnChange func(from, to RouteState, why string)
@@ -142,9 +140,6 @@ func newCircuit(config CircuitConfig) (*circuit, error) {
 	config.MinKeys = cmp.Or(config.MinKeys, 3)
 	config.ProbeInterval = cmp.Or(config.ProbeInterval, time.Second)
 	config.MaxProbeInterval = cmp.Or(config.MaxProbeInterval, 30*time.Second)
-	if config.Now == nil {
-		config.Now = time.Now
-	}
 	switch {
 	case config.ConsecutiveFailures < 1:
 		return nil, fmt.Errorf("Circuit.ConsecutiveFailures must be positive, got %d", config.ConsecutiveFailures)
@@ -186,7 +181,7 @@ func (c *circuit) Allow() (permit, bool) {
 	case RouteOpen:
 		return permit{trip: c.trips}, true
 	case RoutePaused:
-		if now := c.config.Now(); !now.Before(c.probeAt) {
+		if !time.Now().Before(c.probeAt) {
 			if c.reprobe {
 				c.setQuietly(RouteProbing)
 			} else {
@@ -202,7 +197,7 @@ func (c *circuit) Allow() (permit, bool) {
 func (c *circuit) Record(p permit, key string, res signal) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	now := c.config.Now()
+	now := time.Now()
 	if p.probe {
 		if c.state != RouteProbing || p.trip != c.trips {
 			return // not the probe in flight: cannot happen unless a permit is recorded twice
@@ -310,7 +305,7 @@ func (c *circuit) Paused() time.Duration {
 	if c.state == RouteOpen {
 		return c.pausedFor
 	}
-	return c.pausedFor + c.config.Now().Sub(c.notOpen)
+	return c.pausedFor + time.Since(c.notOpen)
 }
 
 // Changed returns a channel that is closed at the route's next change of state.

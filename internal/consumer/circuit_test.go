@@ -5,43 +5,23 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
-// fakeClock is a clock that moves only when told to.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
-// circuitEnv is a circuit on a fake clock, with the changes of state it reported.
+// circuitEnv is a circuit, with the changes of state it reported. Its tests run in a synctest
+// bubble, whose clock moves only when they sleep: the circuit reads time.Now.
 type circuitEnv struct {
 	*circuit
-	clock *fakeClock
-	mu    sync.Mutex
-	log   []string // "from→to"
+	mu  sync.Mutex
+	log []string // "from→to"
 }
 
+// newCircuitEnv returns a circuit of config that logs its changes of state, each of which must
+// have a reason. Call it in a synctest bubble.
 func newCircuitEnv(t *testing.T, config CircuitConfig) *circuitEnv {
 	t.Helper()
-	e := &circuitEnv{clock: newFakeClock()}
-	config.Now = e.clock.Now
+	e := &circuitEnv{}
 	config.OnChange = func(from, to RouteState, why string) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
@@ -94,7 +74,7 @@ func (e *circuitEnv) probeOf(t *testing.T, key string, res signal) {
 	if state != RoutePaused {
 		t.Fatalf("route %v, want paused", state)
 	}
-	e.clock.Advance(at.Sub(e.clock.Now()))
+	time.Sleep(time.Until(at))
 	p, ok := e.Allow()
 	if !ok || !p.Probe() {
 		t.Fatalf("Allow at the probe time = %+v, %t; want the probe", p, ok)
@@ -108,36 +88,38 @@ func (e *circuitEnv) probeOf(t *testing.T, key string, res signal) {
 // another key failed, the outage is confirmed, and a suspect's failed probe keeps the route paused.
 func TestCircuitSuspects(t *testing.T) {
 	t.Parallel()
-	e := newCircuitEnv(t, CircuitConfig{})
-	trip := func() {
-		t.Helper()
-		for i := range 10 {
-			e.run(t, fmt.Sprint("k", i%3), signalFailed)
+	synctest.Test(t, func(t *testing.T) {
+		e := newCircuitEnv(t, CircuitConfig{})
+		trip := func() {
+			t.Helper()
+			for i := range 10 {
+				e.run(t, fmt.Sprint("k", i%3), signalFailed)
+			}
+			e.assertState(t, RoutePaused)
 		}
-		e.assertState(t, RoutePaused)
-	}
-	trip()
-	if !e.Tripped("k1") || e.Tripped("fresh") {
-		t.Errorf("Tripped k1 %t, fresh %t; want k1 only", e.Tripped("k1"), e.Tripped("fresh"))
-	}
-	e.probeOf(t, "k1", signalFailed)
-	e.assertState(t, RouteOpen)
-	if e.Tripped("k1") {
-		t.Error("k1 is a suspect of an open route")
-	}
+		trip()
+		if !e.Tripped("k1") || e.Tripped("fresh") {
+			t.Errorf("Tripped k1 %t, fresh %t; want k1 only", e.Tripped("k1"), e.Tripped("fresh"))
+		}
+		e.probeOf(t, "k1", signalFailed)
+		e.assertState(t, RouteOpen)
+		if e.Tripped("k1") {
+			t.Error("k1 is a suspect of an open route")
+		}
 
-	trip()
-	e.probeOf(t, "fresh", signalFailed) // confirms the outage
-	e.assertState(t, RoutePaused)
-	e.probeOf(t, "k2", signalFailed)
-	e.assertState(t, RoutePaused)
-	e.probeOf(t, "k2", signalAnswered)
-	e.assertState(t, RouteOpen)
-	want := []string{"open→paused", "paused→probing", "probing→open", "open→paused", "paused→probing",
-		"probing→paused", "paused→probing", "probing→paused", "paused→probing", "probing→open"}
-	if got := e.changes(); !slices.Equal(got, want) {
-		t.Errorf("changes %q\nwant    %q", got, want)
-	}
+		trip()
+		e.probeOf(t, "fresh", signalFailed) // confirms the outage
+		e.assertState(t, RoutePaused)
+		e.probeOf(t, "k2", signalFailed)
+		e.assertState(t, RoutePaused)
+		e.probeOf(t, "k2", signalAnswered)
+		e.assertState(t, RouteOpen)
+		want := []string{"open→paused", "paused→probing", "probing→open", "open→paused", "paused→probing",
+			"probing→paused", "paused→probing", "probing→paused", "paused→probing", "probing→open"}
+		if got := e.changes(); !slices.Equal(got, want) {
+			t.Errorf("changes %q\nwant    %q", got, want)
+		}
+	})
 }
 
 func TestCircuitTrips(t *testing.T) {
@@ -145,112 +127,124 @@ func TestCircuitTrips(t *testing.T) {
 
 	t.Run("ConsecutiveFailuresAcrossKeys", func(t *testing.T) {
 		t.Parallel()
-		e := newCircuitEnv(t, CircuitConfig{})
-		for i := range 9 {
-			e.run(t, fmt.Sprint("k", i%3), signalFailed)
-		}
-		e.assertState(t, RouteOpen)
-		e.run(t, "k0", signalFailed)
-		e.assertState(t, RoutePaused)
-		if got := e.changes(); !slices.Equal(got, []string{"open→paused"}) {
-			t.Errorf("changes %q", got)
-		}
-		if _, ok := e.Allow(); ok {
-			t.Error("a message may start on a paused route")
-		}
+		synctest.Test(t, func(t *testing.T) {
+			e := newCircuitEnv(t, CircuitConfig{})
+			for i := range 9 {
+				e.run(t, fmt.Sprint("k", i%3), signalFailed)
+			}
+			e.assertState(t, RouteOpen)
+			e.run(t, "k0", signalFailed)
+			e.assertState(t, RoutePaused)
+			if got := e.changes(); !slices.Equal(got, []string{"open→paused"}) {
+				t.Errorf("changes %q", got)
+			}
+			if _, ok := e.Allow(); ok {
+				t.Error("a message may start on a paused route")
+			}
+		})
 	})
 
 	t.Run("AnswerBreaksTheRun", func(t *testing.T) {
 		t.Parallel()
-		e := newCircuitEnv(t, CircuitConfig{FailureRate: 1})
-		for i := range 100 {
-			e.run(t, fmt.Sprint("k", i%5), signalFailed)
-			if i%9 == 8 {
-				e.run(t, "good", signalAnswered)
+		synctest.Test(t, func(t *testing.T) {
+			e := newCircuitEnv(t, CircuitConfig{FailureRate: 1})
+			for i := range 100 {
+				e.run(t, fmt.Sprint("k", i%5), signalFailed)
+				if i%9 == 8 {
+					e.run(t, "good", signalAnswered)
+				}
 			}
-		}
-		e.assertState(t, RouteOpen)
+			e.assertState(t, RouteOpen)
+		})
 	})
 
 	// One key that always fails, or two, are not an outage, however often they fail.
 	t.Run("FewKeysNever", func(t *testing.T) {
 		t.Parallel()
-		e := newCircuitEnv(t, CircuitConfig{})
-		for i := range 1000 {
-			e.run(t, fmt.Sprint("poison", i%2), signalFailed)
-			e.clock.Advance(100 * time.Millisecond)
-		}
-		e.assertState(t, RouteOpen)
-		if got := e.Paused(); got != 0 {
-			t.Errorf("Paused() = %s, want 0", got)
-		}
+		synctest.Test(t, func(t *testing.T) {
+			e := newCircuitEnv(t, CircuitConfig{})
+			for i := range 1000 {
+				e.run(t, fmt.Sprint("poison", i%2), signalFailed)
+				time.Sleep(100 * time.Millisecond)
+			}
+			e.assertState(t, RouteOpen)
+			if got := e.Paused(); got != 0 {
+				t.Errorf("Paused() = %s, want 0", got)
+			}
+		})
 	})
 
 	t.Run("Inconclusive", func(t *testing.T) {
 		t.Parallel()
-		e := newCircuitEnv(t, CircuitConfig{})
-		for i := range 100 {
-			e.run(t, fmt.Sprint("k", i), signalNone)
-		}
-		e.assertState(t, RouteOpen)
+		synctest.Test(t, func(t *testing.T) {
+			e := newCircuitEnv(t, CircuitConfig{})
+			for i := range 100 {
+				e.run(t, fmt.Sprint("k", i), signalNone)
+			}
+			e.assertState(t, RouteOpen)
+		})
 	})
 
 	t.Run("FailureRate", func(t *testing.T) {
 		t.Parallel()
-		e := newCircuitEnv(t, CircuitConfig{})
-		// 2 failures for 3 answers: 40%, from many keys, over and over; no trip.
-		for i := range 200 {
-			key := fmt.Sprint("k", i)
-			switch i % 5 {
-			case 0, 1:
-				e.run(t, key, signalFailed)
-			default:
-				e.run(t, key, signalAnswered)
+		synctest.Test(t, func(t *testing.T) {
+			e := newCircuitEnv(t, CircuitConfig{})
+			// 2 failures for 3 answers: 40%, from many keys, over and over; no trip.
+			for i := range 200 {
+				key := fmt.Sprint("k", i)
+				switch i % 5 {
+				case 0, 1:
+					e.run(t, key, signalFailed)
+				default:
+					e.run(t, key, signalAnswered)
+				}
+				time.Sleep(100 * time.Millisecond)
 			}
-			e.clock.Advance(100 * time.Millisecond)
-		}
-		e.assertState(t, RouteOpen)
-		// Then 3 failures for 2 answers: the rate reaches 50% in the window once the 40% has aged.
-		tripped := -1
-		for i := range 2000 {
-			key := fmt.Sprint("j", i)
-			if i%5 < 3 {
-				e.run(t, key, signalFailed)
-			} else {
-				e.run(t, key, signalAnswered)
+			e.assertState(t, RouteOpen)
+			// Then 3 failures for 2 answers: the rate reaches 50% in the window once the 40% has aged.
+			tripped := -1
+			for i := range 2000 {
+				key := fmt.Sprint("j", i)
+				if i%5 < 3 {
+					e.run(t, key, signalFailed)
+				} else {
+					e.run(t, key, signalAnswered)
+				}
+				if state, _ := e.State(); state == RoutePaused {
+					tripped = i
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
 			}
-			if state, _ := e.State(); state == RoutePaused {
-				tripped = i
-				break
+			if tripped < 0 {
+				t.Fatal("a 60% failure rate did not trip the circuit")
 			}
-			e.clock.Advance(100 * time.Millisecond)
-		}
-		if tripped < 0 {
-			t.Fatal("a 60% failure rate did not trip the circuit")
-		}
-		if tripped < 100 || tripped > 600 {
-			t.Errorf("tripped after %d runs (%s), want once the window is over half failures", tripped,
-				time.Duration(tripped)*100*time.Millisecond)
-		}
+			if tripped < 100 || tripped > 600 {
+				t.Errorf("tripped after %d runs (%s), want once the window is over half failures", tripped,
+					time.Duration(tripped)*100*time.Millisecond)
+			}
+		})
 	})
 
 	// Failures that leave the window are forgotten, keys included.
 	t.Run("WindowForgets", func(t *testing.T) {
 		t.Parallel()
-		e := newCircuitEnv(t, CircuitConfig{ConsecutiveFailures: 1000})
-		for i := range 9 {
-			e.run(t, fmt.Sprint("k", i), signalFailed)
-		}
-		e.clock.Advance(time.Minute)
-		e.run(t, "k9", signalFailed) // 10 failures from 10 keys, but only 1 in the window
-		e.assertState(t, RouteOpen)
-		for range 9 {
-			e.run(t, "k10", signalFailed)
-			e.clock.Advance(time.Second)
-		}
-		e.assertState(t, RouteOpen) // 10 failures in the window, from 2 keys only
-		e.run(t, "k11", signalFailed)
-		e.assertState(t, RoutePaused)
+		synctest.Test(t, func(t *testing.T) {
+			e := newCircuitEnv(t, CircuitConfig{ConsecutiveFailures: 1000})
+			for i := range 9 {
+				e.run(t, fmt.Sprint("k", i), signalFailed)
+			}
+			time.Sleep(time.Minute)
+			e.run(t, "k9", signalFailed) // 10 failures from 10 keys, but only 1 in the window
+			e.assertState(t, RouteOpen)
+			for range 9 {
+				e.run(t, "k10", signalFailed)
+				time.Sleep(time.Second)
+			}
+			e.assertState(t, RouteOpen) // 10 failures in the window, from 2 keys only
+			e.run(t, "k11", signalFailed)
+			e.assertState(t, RoutePaused)
+		})
 	})
 }
 
@@ -259,192 +253,208 @@ func TestCircuitProbes(t *testing.T) {
 
 	t.Run("GrowingIntervalCapped", func(t *testing.T) {
 		t.Parallel()
-		e := newCircuitEnv(t, CircuitConfig{})
-		for i := range 10 {
-			e.run(t, fmt.Sprint("k", i), signalFailed)
-		}
-		var intervals []time.Duration
-		for range 8 {
-			state, at := e.State()
-			if state != RoutePaused {
-				t.Fatalf("route %v, want paused", state)
+		synctest.Test(t, func(t *testing.T) {
+			e := newCircuitEnv(t, CircuitConfig{})
+			for i := range 10 {
+				e.run(t, fmt.Sprint("k", i), signalFailed)
 			}
-			intervals = append(intervals, at.Sub(e.clock.Now()))
-			// Not a moment before its time.
-			e.clock.Advance(at.Sub(e.clock.Now()) - time.Millisecond)
-			if _, ok := e.Allow(); ok {
-				t.Fatal("a message started before the probe was due")
+			var intervals []time.Duration
+			for range 8 {
+				state, at := e.State()
+				if state != RoutePaused {
+					t.Fatalf("route %v, want paused", state)
+				}
+				intervals = append(intervals, time.Until(at))
+				// Not a moment before its time.
+				time.Sleep(time.Until(at) - time.Millisecond)
+				if _, ok := e.Allow(); ok {
+					t.Fatal("a message started before the probe was due")
+				}
+				e.probe(t, signalFailed)
 			}
-			e.probe(t, signalFailed)
-		}
-		want := []time.Duration{1, 2, 4, 8, 16, 30, 30, 30}
-		for i := range want {
-			want[i] *= time.Second
-		}
-		if !slices.Equal(intervals, want) {
-			t.Errorf("probe intervals %v, want %v", intervals, want)
-		}
+			want := []time.Duration{1, 2, 4, 8, 16, 30, 30, 30}
+			for i := range want {
+				want[i] *= time.Second
+			}
+			if !slices.Equal(intervals, want) {
+				t.Errorf("probe intervals %v, want %v", intervals, want)
+			}
+		})
 	})
 
 	t.Run("OneProbeAtATime", func(t *testing.T) {
 		t.Parallel()
-		e := newCircuitEnv(t, CircuitConfig{})
-		for i := range 10 {
-			e.run(t, fmt.Sprint("k", i), signalFailed)
-		}
-		_, at := e.State()
-		e.clock.Advance(at.Sub(e.clock.Now()))
-		probe, ok := e.Allow()
-		if !ok || !probe.Probe() {
-			t.Fatal("no probe")
-		}
-		e.assertState(t, RouteProbing)
-		e.clock.Advance(time.Hour)
-		if _, ok := e.Allow(); ok {
-			t.Fatal("a second message started while the probe runs")
-		}
-		e.Record(probe, "k", signalAnswered)
-		e.assertState(t, RouteOpen)
-		if got, want := e.changes(), []string{"open→paused", "paused→probing", "probing→open"}; !slices.Equal(got, want) {
-			t.Errorf("changes %q, want %q", got, want)
-		}
+		synctest.Test(t, func(t *testing.T) {
+			e := newCircuitEnv(t, CircuitConfig{})
+			for i := range 10 {
+				e.run(t, fmt.Sprint("k", i), signalFailed)
+			}
+			_, at := e.State()
+			time.Sleep(time.Until(at))
+			probe, ok := e.Allow()
+			if !ok || !probe.Probe() {
+				t.Fatal("no probe")
+			}
+			e.assertState(t, RouteProbing)
+			time.Sleep(time.Hour)
+			if _, ok := e.Allow(); ok {
+				t.Fatal("a second message started while the probe runs")
+			}
+			e.Record(probe, "k", signalAnswered)
+			e.assertState(t, RouteOpen)
+			if got, want := e.changes(), []string{"open→paused", "paused→probing", "probing→open"}; !slices.Equal(got, want) {
+				t.Errorf("changes %q, want %q", got, want)
+			}
+		})
 	})
 
 	// Once open again the failures before the pause are forgotten, and the probe interval starts
 	// over.
 	t.Run("ResumeForgets", func(t *testing.T) {
 		t.Parallel()
-		e := newCircuitEnv(t, CircuitConfig{})
-		for i := range 10 {
-			e.run(t, fmt.Sprint("k", i), signalFailed)
-		}
-		e.probe(t, signalFailed)
-		e.probe(t, signalAnswered)
-		e.assertState(t, RouteOpen)
-		for i := range 9 {
-			e.run(t, fmt.Sprint("k", i), signalFailed)
-		}
-		e.assertState(t, RouteOpen)
-		e.run(t, "k9", signalFailed)
-		if _, at := e.State(); at.Sub(e.clock.Now()) != time.Second {
-			t.Errorf("first probe in %s after a resume, want 1s", at.Sub(e.clock.Now()))
-		}
+		synctest.Test(t, func(t *testing.T) {
+			e := newCircuitEnv(t, CircuitConfig{})
+			for i := range 10 {
+				e.run(t, fmt.Sprint("k", i), signalFailed)
+			}
+			e.probe(t, signalFailed)
+			e.probe(t, signalAnswered)
+			e.assertState(t, RouteOpen)
+			for i := range 9 {
+				e.run(t, fmt.Sprint("k", i), signalFailed)
+			}
+			e.assertState(t, RouteOpen)
+			e.run(t, "k9", signalFailed)
+			if _, at := e.State(); time.Until(at) != time.Second {
+				t.Errorf("first probe in %s after a resume, want 1s", time.Until(at))
+			}
+		})
 	})
 
 	t.Run("InconclusiveProbe", func(t *testing.T) {
 		t.Parallel()
-		e := newCircuitEnv(t, CircuitConfig{})
-		for i := range 10 {
-			e.run(t, fmt.Sprint("k", i), signalFailed)
-		}
-		e.probe(t, signalFailed) // next in 2s
-		e.probe(t, signalNone)
-		state, at := e.State()
-		if state != RoutePaused || at.Sub(e.clock.Now()) != 2*time.Second {
-			t.Errorf("after an inconclusive probe: %v, next in %s; want paused, next in 2s", state, at.Sub(e.clock.Now()))
-		}
+		synctest.Test(t, func(t *testing.T) {
+			e := newCircuitEnv(t, CircuitConfig{})
+			for i := range 10 {
+				e.run(t, fmt.Sprint("k", i), signalFailed)
+			}
+			e.probe(t, signalFailed) // next in 2s
+			e.probe(t, signalNone)
+			state, at := e.State()
+			if state != RoutePaused || time.Until(at) != 2*time.Second {
+				t.Errorf("after an inconclusive probe: %v, next in %s; want paused, next in 2s", state, time.Until(at))
+			}
+		})
 	})
 
 	// A probe its handler declined without a call (an expired SMS) is followed by another at
 	// once, and resumes nothing: a backlog of expired messages drains while the provider is down.
 	t.Run("ProbeNotCalled", func(t *testing.T) {
 		t.Parallel()
-		e := newCircuitEnv(t, CircuitConfig{})
-		for i := range 10 {
-			e.run(t, fmt.Sprint("k", i), signalFailed)
-		}
-		e.probe(t, signalFailed) // next in 2s
-		for range 3 {
-			e.probe(t, signalNotCalled)
-			state, at := e.State()
-			if state != RoutePaused || at.After(e.clock.Now()) {
-				t.Fatalf("after a probe that called nothing: %v, next in %s; want paused, next now", state, at.Sub(e.clock.Now()))
+		synctest.Test(t, func(t *testing.T) {
+			e := newCircuitEnv(t, CircuitConfig{})
+			for i := range 10 {
+				e.run(t, fmt.Sprint("k", i), signalFailed)
 			}
-		}
-		p, ok := e.Allow()
-		if !ok || !p.Probe() {
-			t.Fatal("no probe at once after a probe that called nothing")
-		}
-		e.Record(p, "k", signalFailed)
-		// The probes after one that called nothing are not announced: its start and the end of the
-		// last are.
-		want := []string{"open→paused", "paused→probing", "probing→paused", "paused→probing", "probing→paused"}
-		if got := e.changes(); !slices.Equal(got, want) {
-			t.Errorf("changes %q, want %q", got, want)
-		}
-		if _, at := e.State(); at.Sub(e.clock.Now()) != 4*time.Second {
-			t.Errorf("next probe in %s after a failed one, want 4s: a probe that called nothing changes no interval", at.Sub(e.clock.Now()))
-		}
+			e.probe(t, signalFailed) // next in 2s
+			for range 3 {
+				e.probe(t, signalNotCalled)
+				state, at := e.State()
+				if state != RoutePaused || at.After(time.Now()) {
+					t.Fatalf("after a probe that called nothing: %v, next in %s; want paused, next now", state, time.Until(at))
+				}
+			}
+			p, ok := e.Allow()
+			if !ok || !p.Probe() {
+				t.Fatal("no probe at once after a probe that called nothing")
+			}
+			e.Record(p, "k", signalFailed)
+			// The probes after one that called nothing are not announced: its start and the end of the
+			// last are.
+			want := []string{"open→paused", "paused→probing", "probing→paused", "paused→probing", "probing→paused"}
+			if got := e.changes(); !slices.Equal(got, want) {
+				t.Errorf("changes %q, want %q", got, want)
+			}
+			if _, at := e.State(); time.Until(at) != 4*time.Second {
+				t.Errorf("next probe in %s after a failed one, want 4s: a probe that called nothing changes no interval", time.Until(at))
+			}
+		})
 	})
 
 	// Runs that started before the pause finish after it: they neither resume the route nor count.
 	t.Run("StaleResults", func(t *testing.T) {
 		t.Parallel()
-		e := newCircuitEnv(t, CircuitConfig{})
-		var inFlight []permit
-		for range 3 {
-			p, _ := e.Allow()
-			inFlight = append(inFlight, p)
-		}
-		for i := range 10 {
-			e.run(t, fmt.Sprint("k", i), signalFailed)
-		}
-		e.Record(inFlight[0], "late", signalAnswered)
-		e.assertState(t, RoutePaused)
-		e.probe(t, signalAnswered)
-		e.Record(inFlight[1], "late", signalFailed)
-		e.Record(inFlight[2], "late", signalFailed)
-		for i := range 9 {
-			e.run(t, fmt.Sprint("k", i), signalFailed)
-		}
-		e.assertState(t, RouteOpen) // 9 failures since the resume, not 11
+		synctest.Test(t, func(t *testing.T) {
+			e := newCircuitEnv(t, CircuitConfig{})
+			var inFlight []permit
+			for range 3 {
+				p, _ := e.Allow()
+				inFlight = append(inFlight, p)
+			}
+			for i := range 10 {
+				e.run(t, fmt.Sprint("k", i), signalFailed)
+			}
+			e.Record(inFlight[0], "late", signalAnswered)
+			e.assertState(t, RoutePaused)
+			e.probe(t, signalAnswered)
+			e.Record(inFlight[1], "late", signalFailed)
+			e.Record(inFlight[2], "late", signalFailed)
+			for i := range 9 {
+				e.run(t, fmt.Sprint("k", i), signalFailed)
+			}
+			e.assertState(t, RouteOpen) // 9 failures since the resume, not 11
+		})
 	})
 }
 
 // The time the route is not open is what no message's retry budget is charged.
 func TestCircuitPaused(t *testing.T) {
 	t.Parallel()
-	e := newCircuitEnv(t, CircuitConfig{})
-	e.clock.Advance(time.Hour)
-	if got := e.Paused(); got != 0 {
-		t.Fatalf("Paused() = %s while open, want 0", got)
-	}
-	for i := range 10 {
-		e.run(t, fmt.Sprint("k", i), signalFailed)
-	}
-	e.clock.Advance(500 * time.Millisecond)
-	if got := e.Paused(); got != 500*time.Millisecond {
-		t.Errorf("Paused() = %s, want 500ms", got)
-	}
-	e.probe(t, signalFailed)          // at 1s
-	e.probe(t, signalAnswered)        // at 3s
-	e.clock.Advance(10 * time.Minute) // open: not counted
-	if got := e.Paused(); got != 3*time.Second {
-		t.Errorf("Paused() = %s after resuming, want 3s", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		e := newCircuitEnv(t, CircuitConfig{})
+		time.Sleep(time.Hour)
+		if got := e.Paused(); got != 0 {
+			t.Fatalf("Paused() = %s while open, want 0", got)
+		}
+		for i := range 10 {
+			e.run(t, fmt.Sprint("k", i), signalFailed)
+		}
+		time.Sleep(500 * time.Millisecond)
+		if got := e.Paused(); got != 500*time.Millisecond {
+			t.Errorf("Paused() = %s, want 500ms", got)
+		}
+		e.probe(t, signalFailed)     // at 1s
+		e.probe(t, signalAnswered)   // at 3s
+		time.Sleep(10 * time.Minute) // open: not counted
+		if got := e.Paused(); got != 3*time.Second {
+			t.Errorf("Paused() = %s after resuming, want 3s", got)
+		}
+	})
 }
 
 func TestCircuitChanged(t *testing.T) {
 	t.Parallel()
-	e := newCircuitEnv(t, CircuitConfig{})
-	changed := e.Changed()
-	for i := range 9 {
-		e.run(t, fmt.Sprint("k", i), signalFailed)
-	}
-	select {
-	case <-changed:
-		t.Fatal("Changed closed without a change")
-	default:
-	}
-	e.run(t, "k9", signalFailed)
-	select {
-	case <-changed:
-	default:
-		t.Fatal("Changed not closed by the pause")
-	}
-	if next := e.Changed(); next == changed {
-		t.Error("Changed returned the closed channel again")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		e := newCircuitEnv(t, CircuitConfig{})
+		changed := e.Changed()
+		for i := range 9 {
+			e.run(t, fmt.Sprint("k", i), signalFailed)
+		}
+		select {
+		case <-changed:
+			t.Fatal("Changed closed without a change")
+		default:
+		}
+		e.run(t, "k9", signalFailed)
+		select {
+		case <-changed:
+		default:
+			t.Fatal("Changed not closed by the pause")
+		}
+		if next := e.Changed(); next == changed {
+			t.Error("Changed returned the closed channel again")
+		}
+	})
 }
 
 func TestNewCircuitValidates(t *testing.T) {
@@ -470,9 +480,7 @@ func TestNewCircuitValidates(t *testing.T) {
 	}
 	want := CircuitConfig{ConsecutiveFailures: 10, Window: time.Minute, FailureRate: 0.5, MinFailures: 10,
 		MinKeys: 3, ProbeInterval: time.Second, MaxProbeInterval: 30 * time.Second}
-	got := c.config
-	got.Now = nil
-	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
+	if got := c.config; fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
 		t.Errorf("defaults %+v, want %+v", got, want)
 	}
 }

@@ -202,7 +202,7 @@ type Config struct {
 	ParkLease time.Duration
 	// Circuit configures the outage circuit of each route, which pauses the route while its failures
 	// look like an outage of its dependency (see CircuitConfig); the zero value takes its defaults.
-	// Its Now and OnChange are the consumer's own.
+	// Its OnChange is the consumer's own.
 	Circuit CircuitConfig
 	// ShutdownTimeout is how long Run lets in-flight messages finish once its context is cancelled;
 	// then their work is cancelled and rolled back. Defaults to 30s.

@@ -66,7 +66,7 @@ func newRoute(r Route, config *Config, log *slog.Logger) (*route, error) {
 		rt.batcher = b
 	}
 	cc := config.Circuit
-	cc.Now, cc.OnChange = nil, nil
+	cc.OnChange = nil
 	g, err := newGate(r, cc, config.Metrics, log)
 	if err != nil {
 		return nil, err
