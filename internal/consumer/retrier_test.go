@@ -405,9 +405,13 @@ func TestRetrierPausedRouteChargesNothing(t *testing.T) {
 		p, _ := c.Allow()
 		c.Record(p, strconv.Itoa(i), signalFailed)
 	}
-	time.Sleep(5 * time.Millisecond)
-	p, _ := c.Allow()
-	c.Record(p, "another", signalFailed)
+	var probe permit
+	poll.For(t, "the circuit's first probe", func() bool {
+		var ok bool
+		probe, ok = c.Allow()
+		return ok
+	})
+	c.Record(probe, "another", signalFailed)
 	for i, k := range []string{"A", "B", "C", "A"} {
 		e.park(k, int64(i))
 	}
