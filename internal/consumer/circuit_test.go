@@ -484,3 +484,34 @@ func TestNewCircuitValidates(t *testing.T) {
 		t.Errorf("defaults %+v, want %+v", got, want)
 	}
 }
+
+// TestCircuitForgetsOldFailures: the failure rate looks back one Window only. Failures older than
+// that no longer count, even in a slice of the window that nothing has written to since, so that a
+// route's failures long ago and a few now do not add up to an outage.
+func TestCircuitForgetsOldFailures(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		// 9 failures from 3 keys, an answer after each: no run of failures in a row, and one
+		// failure short of MinFailures.
+		failEach := func(e *circuitEnv, keys ...string) {
+			for _, k := range keys {
+				e.run(t, k, signalFailed)
+				e.run(t, "fine", signalAnswered)
+			}
+		}
+		nine := []string{"a", "b", "c", "a", "b", "c", "a", "b", "c"}
+
+		recent := newCircuitEnv(t, CircuitConfig{})
+		failEach(recent, nine...)
+		time.Sleep(30 * time.Second)
+		recent.run(t, "a", signalFailed)
+		recent.assertState(t, RoutePaused) // 10 failures of 19 within the minute: the rate trips it
+
+		old := newCircuitEnv(t, CircuitConfig{})
+		failEach(old, nine...)
+		time.Sleep(time.Minute + 2*time.Second) // past the window, into another of its slices
+		failEach(old, "a", "b")
+		old.run(t, "c", signalFailed)
+		old.assertState(t, RouteOpen) // 3 failures within the minute: the 9 before are forgotten
+	})
+}
