@@ -126,9 +126,14 @@ func (p *partition) pickBatches() ([]*dispatch, time.Duration) {
 }
 
 // scheduleAlone starts the first unfinished message alone, once nothing else is in flight: the
-// partition is in a range a previous run died in (see crashGuard).
+// partition is in a range a previous run died in (see crashGuard). A first unfinished message that
+// was started is one a stop abandoned: nothing starts before its redelivery.
 func (p *partition) scheduleAlone(work context.Context) time.Duration {
 	if p.running > 0 {
+		return 0
+	}
+	e := p.window.firstUnfinished() // there is one: the guard is narrowing
+	if e.started {
 		return 0
 	}
 	if admission, wait := p.route.gate.admit(); admission == admitNone {
@@ -138,7 +143,6 @@ func (p *partition) scheduleAlone(work context.Context) time.Duration {
 		p.wantsSlot = true
 		return 0
 	}
-	e := p.window.firstUnfinished() // there is one: the guard is narrowing
 	starts, ok := p.guard.recordAlone(work, e)
 	if !ok {
 		p.route.gate.release()
