@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -15,6 +16,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/outbox"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
+	"github.com/inboxworker/inboxworker/internal/poll"
 )
 
 func TestEventID(t *testing.T) {
@@ -180,4 +182,82 @@ func TestEmitTraceContext(t *testing.T) {
 	if len(got) != 1 || got[0].headers["traceparent"] != parent || got[0].headers["tracestate"] != "vendor=value" {
 		t.Errorf("published %+v, want one event with headers traceparent %s and tracestate vendor=value", got, parent)
 	}
+}
+
+// TestEmitSameIDMeanwhile: an event emitted twice in one batch is written once, as it was first;
+// an event that another transaction writes while an emitter of the same id for another aggregate
+// (whose locks do not hold the emitter back) inserts it is written once, by the transaction that
+// commits it first.
+func TestEmitSameIDMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.Schema(t)
+
+	twice := orderEvent("T-1", 1)
+	again := twice
+	again.Payload = json.RawMessage(`{"again":true}`)
+	if err := inbox.WithTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		return outbox.EmitBatch(ctx, tx, []outbox.Event{twice, orderEvent("T-1", 2), again})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := payloads(t, db.Pool, `aggregateid = 'T-1'`), `{"n":1,"order_no":"T-1"} {"n":2,"order_no":"T-1"}`; got != want {
+		t.Errorf("payloads %s, want %s", got, want)
+	}
+
+	first := orderEvent("A-1", 1)
+	second := first
+	second.AggregateID, second.Payload = "B-1", json.RawMessage(`{"second":true}`)
+	tx1, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx1.Rollback(ctx) }()
+	if err := outbox.Emit(ctx, tx1, first); err != nil {
+		t.Fatal(err)
+	}
+	pids, emitted := make(chan int, 1), make(chan error, 1)
+	go func() {
+		emitted <- inbox.WithTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+			var pid int
+			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+				return err
+			}
+			pids <- pid
+			return outbox.Emit(ctx, tx, second)
+		})
+	}()
+	var pid int
+	select {
+	case pid = <-pids:
+	case err := <-emitted:
+		t.Fatalf("the second emitter: %v", err)
+	}
+	poll.For(t, "the second emitter's insert to wait for the first's transaction", func() bool {
+		var waiting bool
+		err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND NOT granted AND locktype = 'transactionid')`,
+			pid).Scan(&waiting)
+		return err == nil && waiting
+	})
+	if err := tx1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-emitted; err != nil {
+		t.Fatalf("the second emitter: %v", err)
+	}
+	if got, want := payloads(t, db.Pool, `id = '`+first.ID()+`'`), `{"n":1,"order_no":"A-1"}`; got != want {
+		t.Errorf("payloads of the event %s, want the first emitter's alone, %s", got, want)
+	}
+}
+
+// payloads are the payloads of the outbox's rows where condition holds, in position order, joined
+// by spaces.
+func payloads(t *testing.T, q *pgxpool.Pool, condition string) string {
+	t.Helper()
+	rows, _ := q.Query(context.Background(), `SELECT payload::text FROM outbox WHERE `+condition+` ORDER BY position`)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(got, " ")
 }
