@@ -32,9 +32,9 @@ const commitInterval = 50 * time.Millisecond
 // messages the window says may start: the next message of every ordering key with nothing in
 // flight (see Config.Ordering), as a batch or one by one, within the route's gate (schedule.go).
 // apply takes a dispatch's messages to a finished state: applied, a duplicate, dead-lettered or
-// parked (apply.go, batch.go). settle marks them finished in the window, or abandoned, and frees
-// their keys (settle.go). commit commits the offset after the highest contiguous finished message
-// and drops those messages from the window (commit.go).
+// parked (apply.go, batch.go). settle marks them finished in the window, freeing their keys, or
+// abandoned, their keys kept (settle.go). commit commits the offset after the highest contiguous
+// finished message and drops those messages from the window (commit.go).
 type partition struct {
 	c      *Consumer
 	route  *route

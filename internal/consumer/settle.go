@@ -1,7 +1,7 @@
 package consumer
 
-// settle marks the messages of a dispatch that finished, and the others abandoned, in the window,
-// and frees its ordering keys.
+// settle marks the messages of a dispatch that finished, and the others abandoned, in the window:
+// the finished messages' ordering keys are free, an abandoned message's stays in flight.
 func (p *partition) settle(s settled) {
 	p.running--
 	p.window.settle(s.d.entries, s.finished)
