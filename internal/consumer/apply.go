@@ -187,7 +187,8 @@ func (p *partition) logRetry(ctx context.Context, d decision, h history, log *sl
 // signalOf is what the attempt that came to r tells the route's circuit of its dependency. A
 // retryable error with a reason of its own (an order that does not exist yet) is the message's
 // wait, a key leased by another call is that call's, and the database's outage the consumer's.
-// A message its handler declined (an SMS past its validity) did not call the dependency.
+// A message its handler declined (an SMS past its validity), or whose call did not go out
+// (inbox.ErrNotCalled), did not call the dependency.
 func signalOf(r result) signal {
 	if r.err == nil {
 		if len(r.outcomes) == 1 && r.outcomes[0].Declined() {
@@ -197,6 +198,8 @@ func signalOf(r result) signal {
 	}
 	kind, reason, _ := fault.Classify(r.err)
 	switch {
+	case errors.Is(r.err, inbox.ErrNotCalled):
+		return signalNotCalled
 	case kind == fault.KindPermanent:
 		return signalAnswered
 	case kind == fault.KindRetryable && reason == fault.RetriesExhausted && !errors.Is(r.err, inbox.ErrLeaseHeld):

@@ -2,10 +2,14 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
 // gate is a route's one admission of work, shared by all its partitions and their retriers. Four
@@ -14,7 +18,10 @@ import (
 //   - slots (slots.go): at most Route.Concurrency of the route's handlers run at once (a batch
 //     counts once); a call route starts slowly after start and after a pause, and halves on
 //     failures;
-//   - the pace (pace.go): a call route's share of the group's rate, Route.RateLimit;
+//   - the pace (pace.go): a call route's share of the group's rate, Route.RateLimit. The gate
+//     admits a message only while a token is free, and the call takes one right before it goes
+//     out (takeToken), after its lease: a database slow to grant leases would otherwise release
+//     calls admitted over a while all at once, above the rate;
 //   - a throttle: the route's dependency asked to wait (a Retry-After), and nothing of the route
 //     starts before then;
 //   - the outage circuit (circuit.go): while the route's failures look like an outage of its
@@ -104,52 +111,63 @@ func (g *gate) admit() (admission, time.Duration) {
 }
 
 // allow takes the permit for a message to start now: any while the route is open, the probe once
-// it is due while it is paused; and a token of the route's pace. Every permit granted goes back to
-// record.
+// it is due while it is paused, if the route's pace has a token free. Every permit granted goes
+// back to record.
 func (g *gate) allow() (permit, bool) {
 	if g.throttledFor() > 0 || g.pace.delay() > 0 {
 		return permit{}, false
 	}
-	d, cancel := g.pace.reserve()
-	if d > 0 { // taken by another meanwhile
-		cancel()
-		return permit{}, false
-	}
-	p, ok := g.circuit.Allow()
-	if !ok {
-		cancel()
-	}
-	return p, ok
+	return g.circuit.Allow()
 }
 
 // wait waits until a message may start and returns its permit: for a message retried in place,
-// which keeps its slot meanwhile. It takes a token of the route's pace as soon as the throttle and
-// the circuit would let the message start, and waits for it; it fails only when ctx is done or
-// stopping is closed.
+// which keeps its slot meanwhile. It fails only when ctx is done or stopping is closed.
 func (g *gate) wait(ctx context.Context, stopping <-chan struct{}) (permit, error) {
-	for first := true; ; first = false {
-		if d := g.notYet(); d > 0 {
+	for {
+		d := g.notYet()
+		if d == 0 {
+			d = g.pace.delay()
+		}
+		if d > 0 {
 			if err := g.sleep(ctx, stopping, d, g.circuit.Changed()); err != nil {
 				return permit{}, err
 			}
 			continue
 		}
-		d, cancel := g.pace.reserve()
-		if d > 0 {
-			if first {
-				g.metrics.waitedForRate(g.topic)
-			}
-			if err := g.sleep(ctx, stopping, d, nil); err != nil { // the token's time, whatever else changes
-				cancel()
-				return permit{}, err
-			}
-		}
 		if p, ok := g.circuit.Allow(); ok {
 			return p, nil
 		}
-		cancel() // the route paused while the token was waited for
 	}
 }
+
+// takeToken takes a token of the route's pace for a call about to go out, waiting for its time;
+// at once for a route without a rate limit. It fails, the token given back and no call made, when
+// ctx is done first, or at once with errPaced when the token's time comes after ctx's deadline (the
+// call's lease): both wrap inbox.ErrNotCalled, so that the key's lease is released.
+func (g *gate) takeToken(ctx context.Context) error {
+	d, cancel := g.pace.reserve()
+	if d <= 0 {
+		return nil
+	}
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < d {
+		cancel()
+		return fault.Retryable(fmt.Errorf("%w: %w: a token in %s", inbox.ErrNotCalled, errPaced, d.Round(time.Millisecond)))
+	}
+	g.metrics.waitedForRate(g.topic)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		cancel()
+		return fmt.Errorf("%w: %w", inbox.ErrNotCalled, context.Cause(ctx))
+	}
+}
+
+// errPaced is the cause of a call that did not go out because its turn under the route's rate limit
+// would come after its lease ends: no failure of the message's, charged nothing.
+var errPaced = errors.New("its turn under the route's rate limit comes after its lease ends")
 
 // notYet is how long until the throttle and the circuit may let a message start; 0 when they
 // would now.

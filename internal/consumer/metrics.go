@@ -81,7 +81,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Calls per second the topic's route may make on this instance now: its share of the group's rate limit, lowered while its dependency throttles it; 0 without a limit.",
 			"topic"),
 		RateWaits: newCounter("inboxworker_route_rate_waits_total",
-			"Attempts of the topic's route that waited for its rate limit before they started.",
+			"Calls of the topic's route that waited for a token of its rate limit before they went out.",
 			"topic"),
 		CommitFailures: newCounter("inboxworker_offset_commit_failures_total",
 			"Offset commits of the topic's partitions that failed (the broker refused them, or the connection closed): messages since the last commit will be delivered again.",
@@ -265,7 +265,7 @@ func (m *Metrics) setRate(topic string, perSecond float64) {
 	m.RateLimit.WithLabelValues(topic).Set(perSecond)
 }
 
-// waitedForRate counts an attempt of topic that waited for its rate limit.
+// waitedForRate counts a call of topic that waited for a token of its rate limit.
 func (m *Metrics) waitedForRate(topic string) {
 	if m == nil {
 		return

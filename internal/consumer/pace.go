@@ -12,8 +12,10 @@ import (
 // set at every generation, so that N instances together never call faster than the rate, and no
 // call asks anyone first. A throttled answer (a Retry-After) halves the instance's rate; it grows
 // back by a tenth of its share each second without one (TCP's congestion control: a
-// multiplicative decrease, an additive increase). A token is taken at the start of each attempt,
-// after the route's other waits: the time a message waits for one is no fault of its own.
+// multiplicative decrease, an additive increase). The gate admits a message while a token is free
+// (delay), and its call takes one right before it goes out, after its lease (gate.takeToken): what
+// the provider sees keeps to the rate even when leases come back late and together. The time a
+// message waits for a token is no fault of its own.
 type pace struct {
 	group float64 // the group's rate; 0: no limit
 

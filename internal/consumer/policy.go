@@ -109,7 +109,8 @@ const maxThrottle = time.Hour
 //   - The database unreachable, or the key's lease held by another live call: no failure of the
 //     message's. It looks again on a backoff of its own, charged nothing.
 //   - A retryable failure while the route's circuit has it paused: the outage's, charged nothing;
-//     parked at once (its partition goes on), or retried in place once the route opens.
+//     parked at once (its partition goes on), or retried in place once the route opens. So is a
+//     call whose turn under the route's rate limit would come after its lease ends.
 //   - Any other retryable failure is charged its time and the backoff's wait; once the budget is
 //     spent it is dead-lettered (with the error's reason, else retries_exhausted). A Retry-After
 //     makes the next attempt wait at least that long and throttles the whole route for it, but
@@ -131,7 +132,7 @@ func (p policy) decide(h history, r result, route routeView) decision {
 		return p.later(h, decision{reason: h.reason, err: r.err, wait: waitDatabase, delay: p.waitDelay(h.waits + 1)})
 	case errors.Is(r.err, inbox.ErrLeaseHeld):
 		return p.later(h, decision{reason: h.reason, err: r.err, wait: waitLease, delay: p.waitDelay(h.waits + 1)})
-	case !route.open:
+	case !route.open, errors.Is(r.err, errPaced):
 		return p.later(h, decision{reason: reason, err: r.err, wait: waitRoute})
 	}
 	backoffDelay := p.backoff(h.attempts + 1) // after this attempt, the message's (attempts+1)th

@@ -25,6 +25,7 @@ func TestDecide(t *testing.T) {
 	unknownOrder := fault.RetryableUntil(reasonUnknownOrder, errors.New("no order A-1"))
 	leaseHeld := fmt.Errorf("%w (another worker, for 14s more)", inbox.ErrLeaseHeld)
 	leaseHeld = &fault.Error{Kind: fault.KindRetryable, RetryAfter: 14 * time.Second, Err: leaseHeld}
+	paced := fault.Retryable(fmt.Errorf("%w: %w", inbox.ErrNotCalled, errPaced))
 	open, paused := routeView{open: true}, routeView{open: false}
 	ran := func(err error) result { return result{err: err, ran: []int{1}, took: 100 * time.Millisecond} }
 	answered := func(o inbox.Outcome) result {
@@ -82,6 +83,12 @@ func TestDecide(t *testing.T) {
 		{name: "RoutePaused", h: history{attempts: 2, spent: 3 * time.Second}, r: ran(retryable), route: paused,
 			want: decision{action: park, reason: fault.RetriesExhausted, wait: waitRoute}},
 		{name: "RoutePausedByPartition", policy: byPartition, r: ran(retryable), route: paused,
+			want: decision{action: retry, reason: fault.RetriesExhausted, wait: waitRoute}},
+		// A call whose turn under the rate limit would come after its lease: no call, no failure
+		// of the message's, charged nothing, as while the route is paused.
+		{name: "Paced", h: history{attempts: 2, spent: 59 * time.Second}, r: result{err: paced, ran: []int{1}}, route: open,
+			want: decision{action: park, reason: fault.RetriesExhausted, wait: waitRoute}},
+		{name: "PacedByPartition", policy: byPartition, r: result{err: paced, ran: []int{1}}, route: open,
 			want: decision{action: retry, reason: fault.RetriesExhausted, wait: waitRoute}},
 		// The database down, or the key's lease held by a live call: no failure of the message's.
 		// It looks again soon, then less often, charged nothing, whatever its budget.

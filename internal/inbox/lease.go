@@ -54,6 +54,11 @@ type Call struct {
 	Run func(ctx context.Context, attempt int) (Effect, error)
 }
 
+// ErrNotCalled, wrapped in an error of Call.Run, says that Run made no call: it gave up before the
+// call went out (waiting for its turn, say). The lease is released at once, whatever ended Run, so
+// that the key's next caller need not wait for it to expire.
+var ErrNotCalled = errors.New("inbox: no call was made")
+
 // ErrLeaseHeld is the cause of the error ProcessCall returns when another caller holds a live lease
 // on the key: a call for it may be in flight. That error is retryable (package fault), no sooner
 // than the lease ends.
@@ -61,10 +66,11 @@ var ErrLeaseHeld = errors.New("inbox: another caller holds the lease on the key"
 
 // ProcessCall runs call for msg in the three steps Call describes. It returns Applied when the call's
 // effect committed with the key, Duplicate or KeyReused when the key was already recorded (no call
-// was made), Expired or Suppressed when Check declined the message (no call was made), or an error, in which case nothing was recorded and the lease is released — unless the
-// call was abandoned when its context ended, or Postgres cannot be reached: then the lease is left to
-// expire. A live lease held by another caller is a retryable error wrapping ErrLeaseHeld whose
-// RetryAfter is the lease's remaining time.
+// was made), Expired or Suppressed when Check declined the message (no call was made), or an
+// error, in which case nothing was recorded and the lease is released — unless the call was
+// abandoned when its context ended (and Run did not say ErrNotCalled), or Postgres cannot be
+// reached: then the lease is left to expire. A live lease held by another caller is a retryable
+// error wrapping ErrLeaseHeld whose RetryAfter is the lease's remaining time.
 //
 // A call error is returned as it is; a Postgres error is classified (see Classify).
 func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcome, error) {
@@ -91,7 +97,7 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 
 	callCtx, cancel := context.WithDeadline(ctx, deadline)
 	effect, err := call.Run(callCtx, l.attempts)
-	abandoned := callCtx.Err() != nil || timedOut(err)
+	abandoned := (callCtx.Err() != nil || timedOut(err)) && !errors.Is(err, ErrNotCalled)
 	cancel()
 	if err != nil {
 		// A call that ended on its own (an answer that says no, a refused connection) is over: the

@@ -193,6 +193,29 @@ func TestProcessCall(t *testing.T) {
 		}
 	})
 
+	t.Run("NotCalled", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, inbox.Config{})
+		// A rebalance cancels the work while Run still waits for its turn: no call went out, so the
+		// lease is released at once and the next claim calls.
+		ctx, cancel := context.WithCancel(ctx)
+		call := inbox.Call{Lease: testLease, Run: func(ctx context.Context, _ int) (inbox.Effect, error) {
+			cancel()
+			<-ctx.Done()
+			return nil, fmt.Errorf("%w: %w", inbox.ErrNotCalled, ctx.Err())
+		}}
+		if _, err := e.store.ProcessCall(ctx, message("k1"), call); !errors.Is(err, inbox.ErrNotCalled) {
+			t.Fatalf("ProcessCall: %v, want %v", err, inbox.ErrNotCalled)
+		}
+		if l := e.leases(t)["k1"]; l.live || len(e.keys(t)) != 0 {
+			t.Fatalf("lease %+v, keys %v; want the lease released and nothing recorded", l, e.keys(t))
+		}
+		var runs atomic.Int32
+		if _, err := e.store.ProcessCall(context.Background(), message("k1"), recordCall("k1", &runs)); err != nil || runs.Load() != 1 {
+			t.Fatalf("the next claim: %v after %d calls; want one call", err, runs.Load())
+		}
+	})
+
 	t.Run("CallTimedOut", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, inbox.Config{})
