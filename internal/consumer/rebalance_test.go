@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/poll"
 )
 
 // slowRecorder records like recorder, taking a moment per message so that rebalances happen while
@@ -56,7 +58,13 @@ func rebalance(t *testing.T, e *env) {
 		t.Error("Ready() = true after Run returned")
 	}
 
-	e.waitFor("all offsets committed", func() bool { return e.committed() == int64(len(all)) })
+	poll.Until(t, func() string {
+		if e.committed() == int64(len(all)) {
+			return ""
+		}
+		return fmt.Sprintf("waiting for all offsets committed: %s; %d of %d applied", e.committedOffsets(),
+			len(e.effects()), len(all))
+	})
 	// The first consumer may be joining the generation the second one's leaving started.
 	e.waitFor("the first consumer ready", first.Ready)
 	checkOnce(t, e, all)

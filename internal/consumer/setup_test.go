@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -294,6 +295,37 @@ func (e *env) committed() int64 {
 		}
 	}
 	return sum
+}
+
+// committedOffsets says, for a failure, what the group has committed of each of topic's partitions
+// ("-" for none), against how many messages each holds.
+func (e *env) committedOffsets() string {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	partitions := make([]int, e.partitions)
+	for p := range partitions {
+		partitions[p] = p
+	}
+	committed, err := e.kafka.Client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: partitions}})
+	if err != nil {
+		return fmt.Sprintf("committed offsets unknown: %v", err)
+	}
+	var out []string
+	for _, p := range committed.Topics[topic] {
+		last, err := e.kafka.Client.ListOffsets(ctx, &kafka.ListOffsetsRequest{
+			Topics: map[string][]kafka.OffsetRequest{topic: {kafka.LastOffsetOf(p.Partition)}}})
+		end := "?"
+		if err == nil && len(last.Topics[topic]) == 1 {
+			end = fmt.Sprint(last.Topics[topic][0].LastOffset)
+		}
+		at := "-"
+		if p.Error == nil && p.CommittedOffset >= 0 {
+			at = fmt.Sprint(p.CommittedOffset)
+		}
+		out = append(out, fmt.Sprintf("partition %d at %s of %s", p.Partition, at, end))
+	}
+	return strings.Join(out, ", ")
 }
 
 // effects returns how many times each key was applied.
