@@ -61,6 +61,14 @@ func (e *circuitEnv) assertState(t *testing.T, want RouteState) {
 	}
 }
 
+// trip pauses the route: 10 failures in a row, of keys k0 to k9.
+func (e *circuitEnv) trip(t *testing.T) {
+	t.Helper()
+	for i := range 10 {
+		e.run(t, fmt.Sprint("k", i), signalFailed)
+	}
+}
+
 // probe waits out the probe interval, takes the probe and records res.
 func (e *circuitEnv) probe(t *testing.T, res signal) {
 	t.Helper()
@@ -255,9 +263,7 @@ func TestCircuitProbes(t *testing.T) {
 		t.Parallel()
 		synctest.Test(t, func(t *testing.T) {
 			e := newCircuitEnv(t, CircuitConfig{})
-			for i := range 10 {
-				e.run(t, fmt.Sprint("k", i), signalFailed)
-			}
+			e.trip(t)
 			var intervals []time.Duration
 			for range 8 {
 				state, at := e.State()
@@ -286,9 +292,7 @@ func TestCircuitProbes(t *testing.T) {
 		t.Parallel()
 		synctest.Test(t, func(t *testing.T) {
 			e := newCircuitEnv(t, CircuitConfig{})
-			for i := range 10 {
-				e.run(t, fmt.Sprint("k", i), signalFailed)
-			}
+			e.trip(t)
 			_, at := e.State()
 			time.Sleep(time.Until(at))
 			probe, ok := e.Allow()
@@ -314,9 +318,7 @@ func TestCircuitProbes(t *testing.T) {
 		t.Parallel()
 		synctest.Test(t, func(t *testing.T) {
 			e := newCircuitEnv(t, CircuitConfig{})
-			for i := range 10 {
-				e.run(t, fmt.Sprint("k", i), signalFailed)
-			}
+			e.trip(t)
 			e.probe(t, signalFailed)
 			e.probe(t, signalAnswered)
 			e.assertState(t, RouteOpen)
@@ -335,9 +337,7 @@ func TestCircuitProbes(t *testing.T) {
 		t.Parallel()
 		synctest.Test(t, func(t *testing.T) {
 			e := newCircuitEnv(t, CircuitConfig{})
-			for i := range 10 {
-				e.run(t, fmt.Sprint("k", i), signalFailed)
-			}
+			e.trip(t)
 			e.probe(t, signalFailed) // next in 2s
 			e.probe(t, signalNone)
 			state, at := e.State()
@@ -353,9 +353,7 @@ func TestCircuitProbes(t *testing.T) {
 		t.Parallel()
 		synctest.Test(t, func(t *testing.T) {
 			e := newCircuitEnv(t, CircuitConfig{})
-			for i := range 10 {
-				e.run(t, fmt.Sprint("k", i), signalFailed)
-			}
+			e.trip(t)
 			e.probe(t, signalFailed) // next in 2s
 			for range 3 {
 				e.probe(t, signalNotCalled)
@@ -391,9 +389,7 @@ func TestCircuitProbes(t *testing.T) {
 				p, _ := e.Allow()
 				inFlight = append(inFlight, p)
 			}
-			for i := range 10 {
-				e.run(t, fmt.Sprint("k", i), signalFailed)
-			}
+			e.trip(t)
 			e.Record(inFlight[0], "late", signalAnswered)
 			e.assertState(t, RoutePaused)
 			e.probe(t, signalAnswered)
@@ -416,9 +412,7 @@ func TestCircuitPaused(t *testing.T) {
 		if got := e.Paused(); got != 0 {
 			t.Fatalf("Paused() = %s while open, want 0", got)
 		}
-		for i := range 10 {
-			e.run(t, fmt.Sprint("k", i), signalFailed)
-		}
+		e.trip(t)
 		time.Sleep(500 * time.Millisecond)
 		if got := e.Paused(); got != 500*time.Millisecond {
 			t.Errorf("Paused() = %s, want 500ms", got)

@@ -170,6 +170,15 @@ func checkOnce(t *testing.T, e *env, keys []string) {
 	}
 }
 
+// newBrokerRun is the run-th run of TestCrashLoopOffsetsRestart: a new one-partition broker over db,
+// its topic holding one message, at offset 0, whose key it returns.
+func newBrokerRun(t *testing.T, mode testMode, db *pgtest.DB, run int) (*env, string) {
+	e := &env{t: t, mode: mode, kafka: kafkatest.Start(t, 1, topic, dlqTopic), db: db, partitions: 1, log: testlog.New(t)}
+	key := "run-" + strconv.Itoa(run)
+	e.produce(key)
+	return e, key
+}
+
 // TestCrashLoopOffsetsRestart runs workers one after another on one database, each against a new
 // broker whose topic holds one new message at offset 0, as `worker dev` restarted does: no worker
 // dies in a message, so none may be dead-lettered as a crash loop, however often offset 0 was
@@ -188,10 +197,8 @@ func TestCrashLoopOffsetsRestart(t *testing.T) {
 			}
 			var all []string
 			for run := range runs {
-				e := &env{t: t, mode: mode, kafka: kafkatest.Start(t, 1, topic, dlqTopic), db: db, partitions: 1, log: testlog.New(t)}
-				key := "run-" + strconv.Itoa(run)
+				e, key := newBrokerRun(t, mode, db, run)
 				all = append(all, key)
-				e.produce(key)
 				config := e.config(&recorder{})
 				_, stop := e.start(config)
 				e.waitFor("the offset committed", func() bool { return e.committed() == 1 })
@@ -215,10 +222,8 @@ func TestCrashLoopOffsetsRestart(t *testing.T) {
 		}
 		var all []string
 		for run := range runs {
-			e := &env{t: t, mode: mode, kafka: kafkatest.Start(t, 1, topic, dlqTopic), db: db, partitions: 1, log: testlog.New(t)}
-			key := "run-" + strconv.Itoa(run)
+			e, key := newBrokerRun(t, mode, db, run)
 			all = append(all, key)
-			e.produce(key)
 			if !e.startChild(dieBeforeOffsetCommit, "").killed(t) {
 				t.Fatalf("run %d: the worker was not killed", run)
 			}

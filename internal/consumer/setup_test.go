@@ -274,11 +274,7 @@ func (e *env) committed() int64 {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	partitions := make([]int, e.partitions)
-	for p := range partitions {
-		partitions[p] = p
-	}
-	resp, err := e.kafka.Client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: partitions}})
+	resp, err := e.offsetFetch(ctx)
 	if errors.Is(err, kafka.GroupIdNotFound) || err == nil && errors.Is(resp.Error, kafka.GroupIdNotFound) {
 		return 0
 	}
@@ -297,17 +293,22 @@ func (e *env) committed() int64 {
 	return sum
 }
 
+// offsetFetch asks the broker for the group's committed offsets of each of topic's partitions.
+func (e *env) offsetFetch(ctx context.Context) (*kafka.OffsetFetchResponse, error) {
+	partitions := make([]int, e.partitions)
+	for p := range partitions {
+		partitions[p] = p
+	}
+	return e.kafka.Client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: partitions}})
+}
+
 // committedOffsets says, for a failure, what the group has committed of each of topic's partitions
 // ("-" for none), against how many messages each holds.
 func (e *env) committedOffsets() string {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	partitions := make([]int, e.partitions)
-	for p := range partitions {
-		partitions[p] = p
-	}
-	committed, err := e.kafka.Client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: partitions}})
+	committed, err := e.offsetFetch(ctx)
 	if err != nil {
 		return fmt.Sprintf("committed offsets unknown: %v", err)
 	}
