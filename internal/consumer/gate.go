@@ -154,15 +154,11 @@ func (g *gate) takeToken(ctx context.Context) error {
 		return fault.Retryable(fmt.Errorf("%w: %w: a token in %s", inbox.ErrNotCalled, errPaced, d.Round(time.Millisecond)))
 	}
 	g.metrics.waitedForRate(g.topic)
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
+	if err := g.sleep(ctx, nil, d, nil); err != nil {
 		cancel()
-		return fmt.Errorf("%w: %w", inbox.ErrNotCalled, context.Cause(ctx))
+		return fmt.Errorf("%w: %w", inbox.ErrNotCalled, err)
 	}
+	return nil
 }
 
 // errPaced is the cause of a call that did not go out because its turn under the route's rate limit
