@@ -11,11 +11,12 @@ import (
 // or a CallHandler, whose effect is a call to another service. Exactly one of Handler and Call is
 // set.
 type Route struct {
-	// Topic is the Kafka topic to consume. Its dead letters go to Topic + Config.DLQSuffix.
-	// Required.
+	// Topic is the Kafka topic to consume, a name Kafka accepts (letters, digits, '.', '_' and
+	// '-'). Its dead letters go to Topic + Config.DLQSuffix. Required.
 	Topic string
-	// Name is the route's name in the inbox: idempotency keys are unique per name. Required; keep
-	// it when the topic is renamed, so that the keys already recorded still count.
+	// Name is the route's name in the inbox: idempotency keys are unique per name. Required, and
+	// unique among the routes (two routes of one name would skip each other's messages as
+	// duplicates); keep it when the topic is renamed, so that the keys already recorded still count.
 	Name string
 	// Handler applies the route's messages in the transaction of their inbox rows.
 	Handler Handler

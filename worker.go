@@ -74,7 +74,8 @@ type Config struct {
 	CommitFailureTimeout time.Duration
 	// EventTopics are the topics the handlers emit events to (Emit): when set, the worker runs the
 	// outbox's relay, which publishes the committed events — one instance of the group at a time,
-	// under a lease in Postgres. Leave it empty when Debezium relays the outbox table.
+	// under a lease in Postgres. None may be a route's dead-letter topic. Leave it empty when
+	// Debezium relays the outbox table.
 	EventTopics []string
 	// OutboxRetention is how long an event stays in the outbox table, from when it was written; an
 	// event is never purged before it is published. Defaults to 24h.
@@ -172,6 +173,11 @@ func New(config Config) (*Worker, error) {
 		return nil, fmt.Errorf("inboxworker: %s", strings.TrimPrefix(err.Error(), "consumer: "))
 	}
 	w := &Worker{consumer: c, store: store}
+	for i, topic := range config.EventTopics {
+		if c.IsDeadLetterTopic(topic) {
+			return nil, fmt.Errorf("inboxworker: Config.EventTopics[%d] %q is a route's dead-letter topic", i, topic)
+		}
+	}
 	if len(config.EventTopics) > 0 {
 		var m *outbox.Metrics
 		if config.Registerer != nil {

@@ -35,6 +35,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"regexp"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -303,7 +305,9 @@ func New(config Config) (*Consumer, error) {
 	config.Routes = append([]Route(nil), config.Routes...) // the caller's slice may change later
 	for i := range config.Routes {
 		config.Routes[i].Concurrency = cmp.Or(config.Routes[i].Concurrency, defaultConcurrency)
-		config.Routes[i].CallLease = cmp.Or(config.Routes[i].CallLease, DefaultCallLease)
+		if config.Routes[i].Call != nil {
+			config.Routes[i].CallLease = cmp.Or(config.Routes[i].CallLease, DefaultCallLease)
+		}
 	}
 	if err := config.validate(); err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
@@ -368,21 +372,36 @@ func (config *Config) validate() error {
 	return nil
 }
 
-// validateRoutes says what is wrong with config.Routes: each route on its own, then a topic
-// routed twice or one that would dead-letter into a consumed topic.
+// validateRoutes says what is wrong with config.Routes: each route on its own, then a topic or a
+// name routed twice (two routes of one name would share their idempotency keys: one route's key
+// would skip, or dead-letter as reused, the other's message), or a topic that would dead-letter into
+// a consumed topic.
 func (config *Config) validateRoutes() error {
 	if len(config.Routes) == 0 {
 		return errors.New("Config.Routes is required")
 	}
+	if !topicName.MatchString(config.DLQSuffix) {
+		return fmt.Errorf("Config.DLQSuffix %q is not a topic name's end (letters, digits, '.', '_' and '-')",
+			config.DLQSuffix)
+	}
 	topics := make(map[string]bool)
+	names := make(map[string]int)
 	for i, r := range config.Routes {
 		if err := r.validate(); err != nil {
 			return fmt.Errorf("Config.Routes[%d]%w", i, err)
+		}
+		if len(r.Topic+config.DLQSuffix) > maxTopicName {
+			return fmt.Errorf("Config.Routes[%d].Topic %q is too long for its dead-letter topic (%d characters with %q, at most %d)",
+				i, r.Topic, len(r.Topic+config.DLQSuffix), config.DLQSuffix, maxTopicName)
 		}
 		if topics[r.Topic] {
 			return fmt.Errorf("Config.Routes[%d].Topic %q is routed twice", i, r.Topic)
 		}
 		topics[r.Topic] = true
+		if j, ok := names[r.Name]; ok {
+			return fmt.Errorf("Config.Routes[%d].Name %q is Config.Routes[%d]'s too: routes share idempotency keys by name", i, r.Name, j)
+		}
+		names[r.Name] = i
 	}
 	for i, r := range config.Routes {
 		if topics[r.Topic+config.DLQSuffix] {
@@ -392,21 +411,40 @@ func (config *Config) validateRoutes() error {
 	return nil
 }
 
+// IsDeadLetterTopic says whether topic is the dead-letter topic of one of c's routes.
+func (c *Consumer) IsDeadLetterTopic(topic string) bool {
+	for _, r := range c.config.Routes {
+		if r.Topic+c.config.DLQSuffix == topic {
+			return true
+		}
+	}
+	return false
+}
+
+// topicName is what Kafka accepts in a topic's name; maxTopicName its longest.
+var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]+$`)
+
+const maxTopicName = 249
+
 // validate says what is wrong with r, as the rest of a sentence that starts with its place in
 // Config.Routes.
 func (r Route) validate() error {
 	switch {
 	case r.Topic == "":
 		return errors.New(".Topic is required")
+	case !topicName.MatchString(r.Topic) || r.Topic == "." || r.Topic == "..":
+		return fmt.Errorf(".Topic %q is not a Kafka topic name (letters, digits, '.', '_' and '-')", r.Topic)
 	case r.Name == "":
 		return errors.New(".Name is required")
 	case (r.Handler == nil) == (r.Call == nil):
 		return errors.New(" needs a Handler or a Call, and not both")
 	case r.Concurrency < 1:
 		return fmt.Errorf(".Concurrency must be positive, got %d", r.Concurrency)
-	case r.RateLimit < 0 || r.RateLimit > 0 && r.Call == nil:
-		return fmt.Errorf(".RateLimit is for call routes, and positive; got %g", r.RateLimit)
-	case r.CallLease < 3*time.Millisecond:
+	case !(r.RateLimit >= 0) || math.IsInf(r.RateLimit, 1) || r.RateLimit > 0 && r.Call == nil:
+		return fmt.Errorf(".RateLimit is for call routes, and a finite positive number; got %g", r.RateLimit)
+	case r.Call == nil && r.CallLease != 0:
+		return fmt.Errorf(".CallLease is for call routes; got %s on a Handler route", r.CallLease)
+	case r.Call != nil && r.CallLease < 3*time.Millisecond:
 		return fmt.Errorf(".CallLease must be at least 3ms, got %s", r.CallLease)
 	}
 	return nil

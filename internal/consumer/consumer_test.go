@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"errors"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -421,6 +422,22 @@ func TestNewValidates(t *testing.T) {
 		{"UnknownOrdering", func(c *consumer.Config) { c.Ordering = 7 }, "Config.Ordering"},
 		{"NegativeInFlight", func(c *consumer.Config) { c.MaxInFlight = -1 }, "Config.MaxInFlight"},
 		{"NegativeConcurrency", func(c *consumer.Config) { c.Routes[0].Concurrency = -1 }, "Config.Routes[0].Concurrency"},
+		{"NameTwice", func(c *consumer.Config) {
+			c.Routes = append(c.Routes, consumer.Route{Topic: "other", Name: c.Routes[0].Name, Handler: &recorder{}})
+		}, "Config.Routes[1].Name"},
+		{"BadTopicName", func(c *consumer.Config) { c.Routes[0].Topic = "bad topic!" }, "Config.Routes[0].Topic"},
+		{"DotTopic", func(c *consumer.Config) { c.Routes[0].Topic = ".." }, "Config.Routes[0].Topic"},
+		{"LongDeadLetterTopic", func(c *consumer.Config) { c.Routes[0].Topic = strings.Repeat("t", 247) }, "Config.Routes[0].Topic"},
+		{"BadSuffix", func(c *consumer.Config) { c.DLQSuffix = "/dlq" }, "Config.DLQSuffix"},
+		{"CallLeaseOnHandler", func(c *consumer.Config) { c.Routes[0].CallLease = time.Minute }, "Config.Routes[0].CallLease"},
+		{"RateLimitNaN", func(c *consumer.Config) {
+			c.Routes[0].Handler, c.Routes[0].Call = nil, newCaller(nil)
+			c.Routes[0].RateLimit = math.NaN()
+		}, "Config.Routes[0].RateLimit"},
+		{"RateLimitInf", func(c *consumer.Config) {
+			c.Routes[0].Handler, c.Routes[0].Call = nil, newCaller(nil)
+			c.Routes[0].RateLimit = math.Inf(1)
+		}, "Config.Routes[0].RateLimit"},
 		{"NoStore", func(c *consumer.Config) { c.Store = nil }, "Config.Store"},
 		{"NoDeadLetters", func(c *consumer.Config) { c.DeadLetters = nil }, "Config.DeadLetters"},
 	}
