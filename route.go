@@ -25,7 +25,9 @@ type Route struct {
 	// CallLease is how long the lease on a key lasts while a call is out: the call gets two thirds
 	// of it, and the last third covers a request the other service may still be working on after
 	// the worker gave up; it is also how long a message waits, after the process calling for it
-	// died, before it is called again. Call routes only. Defaults to 15s.
+	// died, before it is called again. Call routes only; set it above the
+	// call's own timeout by half again or more. Under 45s: the call must end within an attempt's
+	// 30s. Defaults to 15s.
 	CallLease time.Duration
 	// Concurrency is the most handler runs of the route at once, across its partitions (a batch
 	// counts once; a call out counts until it ends): a database route's transactions each hold a

@@ -33,6 +33,9 @@ type Config struct {
 
 	SMSProviderURL   string
 	SMSProviderToken string
+	// SMSProviderTimeout bounds each request to the provider, its answer included. The SMS route's
+	// lease is twice it (smsCallLease).
+	SMSProviderTimeout time.Duration
 	// SMSValidity and SMSRecipientLimits decline SMS too old to be of use, and over their
 	// recipient's limits (package notify); nil: none.
 	SMSValidity        notify.Validity
@@ -130,6 +133,11 @@ var settings = []*setting{
 	{Env: "SMS_PROVIDER_TOKEN", Flag: "sms-provider-token", Meta: "SECRET", Shown: secret, Use: useTopics,
 		Usage: "sent to the SMS gateway as Authorization: Bearer (never logged)",
 		Set:   func(c *Config, v string) error { c.SMSProviderToken = v; return nil }},
+	{Env: "SMS_PROVIDER_TIMEOUT", Flag: "sms-provider-timeout", Default: "10s", Meta: "DURATION", Use: useTopics,
+		Usage: "how long the SMS gateway may take to answer a request; the send's lease is twice it, so that no " +
+			"other send of the key starts while the gateway may still be working on one the worker gave up on",
+		Bound: envflag.Durations(100*time.Millisecond, 15*time.Second),
+		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.SMSProviderTimeout, v) }},
 	{Env: "SMS_VALIDITY", Flag: "sms-validity", Meta: "LIST", Use: useTopics,
 		Usage: "per template, how long after it was produced an SMS is still sent, e.g. verify_code=5m,login_code=2m " +
 			"(each 1s to 168h; an event's expires_at wins; unset: no expiry); an older one is recorded EXPIRED, not sent",

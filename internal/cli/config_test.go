@@ -197,6 +197,7 @@ var contractDefaults = map[string]string{
 	"SMS_VALIDITY":                   "", // this round: no expiry
 	"SMS_RECIPIENT_LIMIT":            "", // this round: no limit
 	"RETRY_INITIAL_INTERVAL":         "200ms",
+	"SMS_PROVIDER_TIMEOUT":           "10s", // not in the contract's table: how long the gateway may take
 	"RETRY_MAX_INTERVAL":             "30s",
 	"RETRY_MAX_ELAPSED":              "5m",
 	"RETRY_PARK_AFTER":               "5s", // not in the contract's table: the park's
@@ -247,7 +248,7 @@ func TestDefaults(t *testing.T) {
 			smsInbox:           {Topic: "notifications.sms", Concurrency: 128},
 			paymentEventsInbox: {Topic: "payments.events", Concurrency: 4},
 		},
-		OutboxRetention:      24 * time.Hour,
+		OutboxRetention: 24 * time.Hour, SMSProviderTimeout: 10 * time.Second,
 		DLQSuffix:            ".dlq",
 		RetryInitialInterval: 200 * time.Millisecond, RetryMaxInterval: 30 * time.Second, RetryMaxElapsed: 5 * time.Minute, RetryParkAfter: 5 * time.Second,
 		BatchSize: 256, BatchWait: 5 * time.Millisecond, LagInterval: 5 * time.Second, CommitFailureTimeout: time.Minute,

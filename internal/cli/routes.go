@@ -66,9 +66,10 @@ var bundledRoutes = []routeRow{
 			if err != nil {
 				return inboxworker.Route{}, err
 			}
+			lease := smsCallLease(cfg)
 			h, err := notify.NewHandler(notify.Config{Sender: sender, Validity: cfg.SMSValidity,
-				RecipientLimits: cfg.SMSRecipientLimits, Logger: logger})
-			return inboxworker.Route{Call: h}, err
+				RecipientLimits: cfg.SMSRecipientLimits, Hold: 2 * lease, Logger: logger})
+			return inboxworker.Route{Call: h, CallLease: lease}, err
 		}},
 	// The order events the payment route emits, also where the outbox relay publishes them
 	// (TOPIC_PAYMENT_EVENTS; "-": no events are emitted): an order paid asks for the customer's
@@ -81,6 +82,12 @@ var bundledRoutes = []routeRow{
 			return inboxworker.Route{Handler: h}, err
 		}},
 }
+
+// smsCallLease is the SMS route's lease on a key while its send is out: twice SMS_PROVIDER_TIMEOUT.
+// The send gets two thirds of the lease, so the provider's timeout ends it first, with its own
+// error; the rest covers a send the provider may still be working on after the worker gave up on
+// it, during which no other send of the key starts. 0 (no timeout set): the route's default.
+func smsCallLease(cfg *Config) time.Duration { return 2 * cfg.SMSProviderTimeout }
 
 // outcomeLevel is the level of the line logged for each message applied: info, unless LOG_OUTCOMES
 // is false.

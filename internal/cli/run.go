@@ -251,7 +251,7 @@ func providerSender(cfg *Config, tracer *tracing.Tracer) (*notify.HTTPSender, *s
 		return nil, nil
 	}
 	sender, err := notify.NewHTTPSender(notify.HTTPConfig{URL: cfg.SMSProviderURL, Token: cfg.SMSProviderToken,
-		Tracer: tracer})
+		Timeout: cfg.SMSProviderTimeout, Tracer: tracer})
 	switch {
 	case errors.Is(err, notify.ErrInvalidToken):
 		return nil, &settingError{Name: "SMS_PROVIDER_TOKEN", Err: errors.New("must be printable ASCII without spaces")}

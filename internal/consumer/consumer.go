@@ -124,7 +124,9 @@ type Route struct {
 	// CallLease is how long the lease on a key lasts while a call of the route is out: the call gets
 	// two thirds of it, and the last third covers a request the other service may still be working
 	// on after the worker gave up. It is also how long a message waits, after the process calling
-	// for it died, before it is called again. Call routes only. Defaults to 15s.
+	// for it died, before it is called again. Call routes only; set it above the
+	// call's own timeout by half again or more. Under 45s: the call must end within an attempt's
+	// 30s. Defaults to 15s.
 	CallLease time.Duration
 	// IdempotencyKey takes a message's idempotency key, or says why it has none (the reason its dead
 	// letter gets). Defaults to IdempotencyKey, the contract's rule: the Idempotency-Key header, else
@@ -389,6 +391,10 @@ func (config *Config) validateRoutes() error {
 	for i, r := range config.Routes {
 		if err := r.validate(); err != nil {
 			return fmt.Errorf("Config.Routes[%d]%w", i, err)
+		}
+		if r.Call != nil && r.CallLease*2/3 >= config.AttemptTimeout {
+			return fmt.Errorf("Config.Routes[%d].CallLease %s gives its call %s, no less than AttemptTimeout %s: the attempt would end the call first",
+				i, r.CallLease, r.CallLease*2/3, config.AttemptTimeout)
 		}
 		if len(r.Topic+config.DLQSuffix) > maxTopicName {
 			return fmt.Errorf("Config.Routes[%d].Topic %q is too long for its dead-letter topic (%d characters with %q, at most %d)",

@@ -434,6 +434,10 @@ func TestNewValidates(t *testing.T) {
 			c.Routes[0].Handler, c.Routes[0].Call = nil, newCaller(nil)
 			c.Routes[0].RateLimit = math.NaN()
 		}, "Config.Routes[0].RateLimit"},
+		{"CallLeaseOutlastsAttempt", func(c *consumer.Config) {
+			c.Routes[0].Handler, c.Routes[0].Call = nil, newCaller(nil)
+			c.Routes[0].CallLease = time.Minute
+		}, "Config.Routes[0].CallLease"},
 		{"RateLimitInf", func(c *consumer.Config) {
 			c.Routes[0].Handler, c.Routes[0].Call = nil, newCaller(nil)
 			c.Routes[0].RateLimit = math.Inf(1)
