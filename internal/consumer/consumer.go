@@ -580,12 +580,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 // partition goroutine waits for its siblings before it returns.
 func (c *Consumer) startGeneration(stop, hard context.Context, gen *kafka.Generation, all *sync.WaitGroup, onEnd func()) {
 	c.shareRates(stop, gen)
+	// Every sibling is counted before the first starts: one that returns at once (its generation
+	// already ended) must not find the count at zero while others are still to be added.
 	var siblings sync.WaitGroup
+	n := 0
+	for _, assigned := range gen.Assignments {
+		n += len(assigned)
+	}
+	siblings.Add(n)
+	all.Add(n)
 	for topic, assigned := range gen.Assignments {
 		for _, a := range assigned {
 			p := c.newPartition(c.routes[topic], a, gen)
-			siblings.Add(1)
-			all.Add(1)
 			gen.Start(func(genCtx context.Context) {
 				defer all.Done()
 				p.run(stop, hard, genCtx)
