@@ -47,7 +47,7 @@ func TestMain(m *testing.M) {
 
 // waitTimeout bounds every wait of these tests for the worker: a safety net against a hang, not an
 // assertion on speed.
-const waitTimeout = 60 * time.Second
+const waitTimeout = poll.Timeout
 
 // process is a running worker binary. Its stderr (the logs) goes to t.Log and is kept for
 // inspection; its stdout is kept.

@@ -21,6 +21,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
+	"github.com/inboxworker/inboxworker/internal/poll"
 	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
@@ -275,7 +276,7 @@ func TestCallHoldsNoTransaction(t *testing.T) {
 	for range 4 {
 		select {
 		case <-out:
-		case <-time.After(60 * time.Second):
+		case <-time.After(poll.Timeout):
 			t.Fatal("the calls never got out")
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/poll"
 	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
@@ -161,7 +162,7 @@ func (c *child) killed(t testing.TB) bool {
 	t.Helper()
 	select {
 	case <-c.done:
-	case <-time.After(60 * time.Second):
+	case <-time.After(poll.Timeout):
 		t.Fatal("the child process did not exit")
 	}
 	ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
@@ -176,7 +177,7 @@ func (c *child) stop(t testing.TB) {
 	}
 	select {
 	case <-c.done:
-	case <-time.After(60 * time.Second):
+	case <-time.After(poll.Timeout):
 		t.Fatal("the child process did not stop")
 	}
 	if c.err != nil {

@@ -329,7 +329,7 @@ func (h *provider) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) erro
 	return h.recorder.Handle(ctx, tx, d)
 }
 
-// TestProviderOutagePausesRoute: a provider down for 10 times the retry budget pauses the route
+// TestProviderOutagePausesRoute: a provider down for 4 times the retry budget pauses the route
 // after a few failures across keys; while it is paused only probes call it, one at a time; nothing
 // is dead-lettered; once it is back every message is applied once, each key in order.
 func TestProviderOutagePausesRoute(t *testing.T) {
@@ -341,7 +341,7 @@ func TestProviderOutagePausesRoute(t *testing.T) {
 	parkSoon(&config)
 	config.ParkAfter = 100 * time.Millisecond
 	config.Retry = consumer.Retry{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond,
-		MaxElapsed: 300 * time.Millisecond}
+		MaxElapsed: time.Second}
 	config.Circuit = consumer.CircuitConfig{ProbeInterval: 20 * time.Millisecond, MaxProbeInterval: 200 * time.Millisecond}
 	h.down.Store(true)
 
@@ -355,7 +355,7 @@ func TestProviderOutagePausesRoute(t *testing.T) {
 	e.waitFor("the route paused", func() bool {
 		return testutil.ToFloat64(config.Metrics.Pauses.WithLabelValues(topic, "outage")) >= 1
 	})
-	time.Sleep(10 * config.Retry.MaxElapsed) // the outage: ten retry budgets
+	time.Sleep(4 * config.Retry.MaxElapsed) // the outage: four retry budgets
 	if n := outcomes(config, "dead_lettered"); n != 0 {
 		t.Fatalf("%v dead-lettered during the outage, want none", n)
 	}

@@ -112,7 +112,9 @@ const maxThrottle = time.Hour
 //     parked at once (its partition goes on), or retried in place once the route opens. So is a
 //     call whose turn under the route's rate limit would come after its lease ends.
 //   - Any other retryable failure is charged its time and the backoff's wait; once the budget is
-//     spent it is dead-lettered (with the error's reason, else retries_exhausted). A Retry-After
+//     spent it is dead-lettered (with the error's reason, else retries_exhausted). The first
+//     failure is always retried, however long its attempt took: a budget is for retries, and one
+//     slow attempt (a busy machine, a batch's transaction) is no reason to give up untried. A Retry-After
 //     makes the next attempt wait at least that long and throttles the whole route for it, but
 //     the wait beyond the backoff is the provider's, not charged: a long Retry-After never
 //     dead-letters by itself.
@@ -140,7 +142,7 @@ func (p policy) decide(h history, r result, route routeView) decision {
 	if retryAfter > 0 {
 		d.throttle = min(retryAfter, maxThrottle)
 	}
-	if h.spent+d.charge > p.retry.MaxElapsed {
+	if h.attempts > 0 && h.spent+d.charge > p.retry.MaxElapsed {
 		return decision{action: deadLetter, reason: reason, err: r.err, charge: d.charge}
 	}
 	return p.later(h, d)

@@ -53,6 +53,11 @@ func TestDecide(t *testing.T) {
 		// The first failure: retried in place after the first interval, charged its time and the wait.
 		{name: "Retryable", r: ran(retryable), route: open,
 			want: decision{action: retry, reason: fault.RetriesExhausted, delay: time.Second, charge: 1100 * time.Millisecond}},
+		// A first attempt slower than the whole budget is still retried once.
+		{name: "SlowFirstAttempt", r: result{err: retryable, ran: []int{1}, took: 2 * time.Minute}, route: open,
+			want: decision{action: retry, reason: fault.RetriesExhausted, delay: time.Second, charge: 121 * time.Second}},
+		{name: "SlowSecondAttempt", h: history{attempts: 1, spent: 121 * time.Second}, r: ran(retryable), route: open,
+			want: decision{action: deadLetter, reason: fault.RetriesExhausted, charge: 2100 * time.Millisecond}},
 		// The fourth failure waits the fourth interval, 8s, which would overrun 5s in place: parked.
 		{name: "RetryableParks", h: history{attempts: 3, inPlace: 3 * time.Second, spent: 7 * time.Second},
 			r: ran(retryable), route: open,

@@ -20,6 +20,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/payment"
+	"github.com/inboxworker/inboxworker/internal/poll"
 	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
@@ -152,7 +153,7 @@ func testThroughConsumer(t *testing.T, mode consumer.Transactions) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	consumeAll(t, c, broker, topic, partitions, msgs, 60*time.Second)
+	consumeAll(t, c, broker, topic, partitions, msgs, poll.Timeout)
 
 	paid := " at " + paidAt
 	for orderNo, want := range map[string]state{
@@ -247,7 +248,7 @@ func testOneOrderPerTransactionThroughConsumer(t *testing.T, mode consumer.Trans
 	if err != nil {
 		t.Fatal(err)
 	}
-	consumeAll(t, c, broker, topic, partitions, msgs, 120*time.Second)
+	consumeAll(t, c, broker, topic, partitions, msgs, poll.Timeout)
 
 	flagged := map[string]string{} // provider transaction → the order it was flagged for
 	rows, _ := e.pool.Query(ctx, `SELECT provider_txn_id, order_no FROM payment_anomalies`)

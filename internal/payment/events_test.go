@@ -19,6 +19,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/outbox"
 	"github.com/inboxworker/inboxworker/internal/payment"
+	"github.com/inboxworker/inboxworker/internal/poll"
 	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
@@ -224,7 +225,7 @@ func TestEventsOfRetriedBatch(t *testing.T) {
 	}
 	consumeAll(t, c, broker, topic, partitions, msgs, 120*time.Second)
 	var got []kafka.Message
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(poll.Timeout)
 	for len(got) < orders && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 		got = nil

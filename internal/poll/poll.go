@@ -8,8 +8,9 @@ import (
 	"time"
 )
 
-// Timeout is how long Until polls before it gives up.
-const Timeout = 60 * time.Second
+// Timeout is how long Until polls before it gives up: long enough for a machine several times
+// slower than a developer's, with another process busy, since only a hang should reach it.
+const Timeout = 3 * time.Minute
 
 // interval is the pause between two checks.
 const interval = 10 * time.Millisecond
