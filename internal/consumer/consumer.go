@@ -125,8 +125,8 @@ type Route struct {
 	// two thirds of it, and the last third covers a request the other service may still be working
 	// on after the worker gave up. It is also how long a message waits, after the process calling
 	// for it died, before it is called again. Call routes only; set it above the
-	// call's own timeout by half again or more. Under 45s: the call must end within an attempt's
-	// 30s. Defaults to 15s.
+	// call's own timeout by half again or more. Its two thirds must be less than AttemptTimeout:
+	// the call must end within its attempt. Defaults to 15s, or AttemptTimeout if that is less.
 	CallLease time.Duration
 	// IdempotencyKey takes a message's idempotency key, or says why it has none (the reason its dead
 	// letter gets). Defaults to IdempotencyKey, the contract's rule: the Idempotency-Key header, else
@@ -308,7 +308,7 @@ func New(config Config) (*Consumer, error) {
 	for i := range config.Routes {
 		config.Routes[i].Concurrency = cmp.Or(config.Routes[i].Concurrency, defaultConcurrency)
 		if config.Routes[i].Call != nil {
-			config.Routes[i].CallLease = cmp.Or(config.Routes[i].CallLease, DefaultCallLease)
+			config.Routes[i].CallLease = cmp.Or(config.Routes[i].CallLease, min(DefaultCallLease, config.AttemptTimeout))
 		}
 	}
 	if err := config.validate(); err != nil {
