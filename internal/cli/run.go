@@ -358,8 +358,10 @@ func (w *worker) stopped(err error) error {
 	return nil
 }
 
-// close releases everything, the tracer last: it exports the spans of all that ended, within what
-// is left of SHUTDOWN_TIMEOUT once the worker is stopping (else within tracingFlush).
+// close releases everything, the tracer last: it exports the spans of all that ended, within
+// tracingFlush, and never past what is left of SHUTDOWN_TIMEOUT once the worker is stopping. The
+// offsets are committed by then: a collector that does not answer costs a few seconds of the stop,
+// not the whole SHUTDOWN_TIMEOUT, after which an orchestrator kills the process.
 func (w *worker) close() {
 	if w.ops != nil {
 		_ = w.ops.listener.Close()
@@ -367,9 +369,9 @@ func (w *worker) close() {
 	if w.pool != nil {
 		w.pool.Close()
 	}
-	deadline := w.stopBy
-	if deadline.IsZero() {
-		deadline = time.Now().Add(tracingFlush)
+	deadline := time.Now().Add(tracingFlush)
+	if !w.stopBy.IsZero() && w.stopBy.Before(deadline) {
+		deadline = w.stopBy
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
@@ -378,6 +380,5 @@ func (w *worker) close() {
 	}
 }
 
-// tracingFlush bounds the export of the last spans when the worker did not stop on a signal (its
-// start failed, or the consumer stopped by itself).
-const tracingFlush = 5 * time.Second
+// tracingFlush bounds the export of the last spans.
+const tracingFlush = 3 * time.Second

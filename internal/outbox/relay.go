@@ -179,7 +179,9 @@ func (r *Relay) publish(ctx context.Context) {
 		switch {
 		case err != nil:
 			failures++
-			wait = retryDelay(failures)
+			// Never longer than the lease's renewal interval: a relay waiting out a Kafka outage
+			// still holds the lease, and must renew it rather than lose it to itself.
+			wait = min(retryDelay(failures), renewEvery(r.config.LeaseTTL))
 			if ctx.Err() == nil && (failures == 1 || failures%10 == 0) {
 				r.log.WarnContext(ctx, "outbox relay: a round failed; trying again", slog.Any("error", err),
 					slog.Int("failures", failures), slog.Duration("retry_in", wait))

@@ -19,6 +19,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/outbox"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
+	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
 // TestRelay: events of many orders, emitted in batches, are published with the order number as key,
@@ -299,6 +300,8 @@ func TestRelayKafkaDown(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	config := e.relayConfig(e.db.Pool)
 	config.Metrics = outbox.NewMetrics(reg)
+	var logs *testlog.Records
+	config.Logger, logs = testlog.Capture(t)
 	var mu sync.Mutex
 	down := true
 	e.cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
@@ -330,11 +333,19 @@ func TestRelayKafkaDown(t *testing.T) {
 		want["K-1"], want["K-2"], want["K-3"] = n, n, n
 	}
 	eventually(t, func() string {
-		if w, s := gauge(t, reg, "inboxworker_outbox_waiting"), gauge(t, reg, "inboxworker_outbox_stalled_seconds"); w != 30 || s < 0.5 {
-			return fmt.Sprintf("waiting %v, stalled %vs while Kafka refuses; want 30 and over 0.5s", w, s)
+		// Stalled for longer than the backoff takes to outgrow the lease: the relay, alone, must
+		// keep its lease through the outage rather than lose it to itself.
+		stall := 4 * config.LeaseTTL.Seconds()
+		if w, s := gauge(t, reg, "inboxworker_outbox_waiting"), gauge(t, reg, "inboxworker_outbox_stalled_seconds"); w != 30 || s < stall {
+			return fmt.Sprintf("waiting %v, stalled %vs while Kafka refuses; want 30 and over %vs", w, s, stall)
 		}
 		return ""
 	})
+	for _, r := range logs.All() {
+		if r.Message == "outbox relay: lost the lease; standing by" {
+			t.Errorf("the only relay logged %q during a Kafka outage", r.Message)
+		}
+	}
 	mu.Lock()
 	down = false
 	mu.Unlock()
