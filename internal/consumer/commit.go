@@ -74,10 +74,18 @@ func (p *partition) commitOffset(offset int64) {
 	p.c.commits.result(err)
 	if err != nil {
 		p.c.metrics.commitFailed(p.topic)
-		p.log.Warn("cannot commit the offset; messages from the last commit on will be delivered again",
-			"offset", offset, "error", commitError(err))
+		p.commitFailures++
+		if ok, since := p.commitWarnings.say("commit", time.Now()); ok {
+			p.log.Warn("cannot commit the offset; messages from the last commit on will be delivered again",
+				"offset", offset, "error", commitError(err), "failures", p.commitFailures, "repeated", since)
+		}
 		p.failedCommit = offset
 		return
+	}
+	if p.commitFailures > 0 {
+		p.log.Info("committing the offset again", "offset", offset, "failures", p.commitFailures)
+		p.commitFailures = 0
+		p.commitWarnings.forget("commit")
 	}
 	p.committed = offset
 	p.log.Debug("committed the offset", "offset", offset)

@@ -38,6 +38,7 @@ import (
 	"math"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -667,7 +668,7 @@ func (c *Consumer) groupConfig() kafka.ConsumerGroupConfig {
 		WatchPartitionChanges: true,
 		StartOffset:           kafka.FirstOffset,
 		Logger:                kafkaLogger(c.log, slog.LevelDebug),
-		ErrorLogger:           kafkaLogger(c.log, slog.LevelWarn),
+		ErrorLogger:           kafkaErrorLogger(c.log),
 	}
 }
 
@@ -703,6 +704,30 @@ func kafkaLogger(log *slog.Logger, level slog.Level) kafka.Logger {
 		ctx := context.Background()
 		if log.Enabled(ctx, level) {
 			log.Log(ctx, level, fmt.Sprintf(format, args...))
+		}
+	})
+}
+
+// kafkaErrorLogger is kafkaLogger for kafka-go's errors, at warn: each kind of error (its format)
+// said once, then at most once a minute with how often since; a fetch that timed out on an idle
+// partition (kafka-go reports the end of its long poll as an "unknown error … i/o timeout") is
+// no warning, at debug.
+func kafkaErrorLogger(log *slog.Logger) kafka.Logger {
+	log = log.With("component", "kafka-go")
+	said := &repeats{interval: repeatInterval}
+	return kafka.LoggerFunc(func(format string, args ...any) {
+		ctx := context.Background()
+		msg := fmt.Sprintf(format, args...)
+		if strings.Contains(format, "unknown error reading partition") && strings.Contains(msg, "i/o timeout") {
+			log.DebugContext(ctx, msg)
+			return
+		}
+		if ok, since := said.say(format, time.Now()); ok {
+			if since > 0 {
+				log.WarnContext(ctx, msg, "repeated", since)
+			} else {
+				log.WarnContext(ctx, msg)
+			}
 		}
 	})
 }

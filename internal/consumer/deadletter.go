@@ -21,7 +21,7 @@ func (c *Consumer) newDeadLetterWriter() *kafka.Writer {
 	w.MaxAttempts = 3
 	w.AllowAutoTopicCreation = true
 	w.Logger = kafkaLogger(c.log, slog.LevelDebug)
-	w.ErrorLogger = kafkaLogger(c.log, slog.LevelWarn)
+	w.ErrorLogger = kafkaErrorLogger(c.log)
 	return w
 }
 

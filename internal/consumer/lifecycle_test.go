@@ -294,7 +294,28 @@ func TestOffsetCommitRecovers(t *testing.T) {
 	}) {
 		t.Error("no log of the failed commit naming the broker's error")
 	}
+	// Failing every second, the commits are said once (then once a minute): not a line each.
+	e.waitFor("three commits failed", func() bool {
+		return testutil.ToFloat64(config.Metrics.CommitFailures.WithLabelValues(topic)) >= 3
+	})
+	if n := countLogs(e.logs, "cannot commit the offset; messages from the last commit on will be delivered again"); n != 1 {
+		t.Errorf("%d warnings of the failing commits, want 1 within a minute", n)
+	}
 	refuse.Store(false)
 	e.waitFor("the offsets committed", func() bool { return e.committed() == 5 })
 	e.waitFor("the consumer ready again", c.Ready)
+	if n := countLogs(e.logs, "committing the offset again"); n != 1 {
+		t.Errorf("%d logs of the commits going through again, want 1", n)
+	}
+}
+
+// countLogs counts the records of logs with message msg.
+func countLogs(logs *testlog.Records, msg string) int {
+	n := 0
+	for _, r := range logs.All() {
+		if r.Message == msg {
+			n++
+		}
+	}
+	return n
 }

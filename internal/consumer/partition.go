@@ -63,7 +63,11 @@ type partition struct {
 	// failedCommit is the offset of the last commit that failed: committed again while nothing
 	// newer is.
 	failedCommit int64
-	guard        crashGuard
+	// commitFailures counts the commits that failed in a row; commitWarnings says the failure
+	// once, then once a minute.
+	commitFailures int
+	commitWarnings repeats
+	guard          crashGuard
 }
 
 // entry is one fetched message, from its fetch to the commit that covers it.
@@ -102,17 +106,18 @@ type settled struct {
 
 func (c *Consumer) newPartition(route *route, a kafka.PartitionAssignment, gen *kafka.Generation) *partition {
 	p := &partition{
-		c:            c,
-		route:        route,
-		topic:        route.Topic,
-		id:           a.ID,
-		gen:          gen,
-		offset:       a.Offset,
-		log:          c.log.With("topic", route.Topic, "partition", a.ID, "generation", gen.ID),
-		room:         make(chan struct{}, c.config.MaxInFlight),
-		settled:      make(chan settled, c.config.MaxInFlight),
-		committed:    -1,
-		failedCommit: -1,
+		c:              c,
+		route:          route,
+		topic:          route.Topic,
+		id:             a.ID,
+		gen:            gen,
+		offset:         a.Offset,
+		log:            c.log.With("topic", route.Topic, "partition", a.ID, "generation", gen.ID),
+		room:           make(chan struct{}, c.config.MaxInFlight),
+		settled:        make(chan settled, c.config.MaxInFlight),
+		committed:      -1,
+		failedCommit:   -1,
+		commitWarnings: repeats{interval: repeatInterval},
 	}
 	p.guard = newCrashGuard(p)
 	return p
@@ -143,7 +148,7 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 		MaxWait:         fetchMaxWait,
 		ReadLagInterval: -1,
 		Logger:          kafkaLogger(p.log, slog.LevelDebug),
-		ErrorLogger:     kafkaLogger(p.log, slog.LevelWarn),
+		ErrorLogger:     kafkaErrorLogger(p.log),
 	})
 	defer func() {
 		if err := p.reader.Close(); err != nil {
