@@ -179,6 +179,8 @@ func (p *partition) logRetry(ctx context.Context, d decision, h history, log *sl
 		log.InfoContext(ctx, "retrying the message", "attempt", h.attempts, "delay", d.delay, "error", d.err)
 	case waitDatabase:
 		log.WarnContext(ctx, "the database is unavailable; waiting for it", "delay", d.delay, "error", d.err)
+	case waitRate: // the rate limit at work, counted by inboxworker_route_rate_waits_total
+		log.DebugContext(ctx, "waiting to try the message again", "why", d.wait, "in", d.delay)
 	default:
 		log.InfoContext(ctx, "waiting to try the message again", "why", d.wait, "in", d.delay)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -523,4 +524,32 @@ func TestSlowStartThroughAnOutage(t *testing.T) {
 	e.waitFor("the concurrency grown back", func() bool {
 		return testutil.ToFloat64(config.Metrics.ConcurrencyLimit.WithLabelValues(topic)) > 4
 	})
+}
+
+// TestRateLimitBacklogWaits: a backlog far above a low rate limit, with a lease shorter than most
+// messages' wait for their turn, waits for its turns where it is: every message is sent once, none
+// is parked, and nothing says the route is paused, for it never is.
+func TestRateLimitBacklogWaits(t *testing.T) {
+	t.Parallel()
+	e := setup(t, testMode{consumer.PerMessage, consumer.ByKey}, 2)
+	config := e.callConfig(newCaller(nil))
+	config.Routes[0].RateLimit, config.Routes[0].Concurrency = 5, 64
+	config.Routes[0].CallLease = 600 * time.Millisecond // a call's turn must come within 400ms
+	all := keys("sms", 30)
+	e.produce(all...)
+	e.start(config)
+	e.waitFor("every message sent", func() bool { return e.committed() == int64(len(all)) && len(e.effects()) == len(all) })
+	checkOnce(t, e, all)
+	if n := testutil.ToFloat64(config.Metrics.RateWaits.WithLabelValues(topic)); n == 0 {
+		t.Fatal("no call waited for its turn: the test did not test the rate limit")
+	}
+	for _, r := range e.logs.All() {
+		if r.Message == "parked the message" || r.Level >= slog.LevelInfo && r.Has(`its route is paused`) {
+			t.Errorf("a message of the backlog was parked, or said its route is paused: %s %v", r.Message, r.Attrs)
+			break
+		}
+	}
+	if v := routePaused(config, "outage"); v != 0 {
+		t.Errorf("route_paused{outage} = %v, want 0", v)
+	}
 }

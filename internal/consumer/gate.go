@@ -149,9 +149,14 @@ func (g *gate) takeToken(ctx context.Context) error {
 	if d <= 0 {
 		return nil
 	}
-	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < d {
-		cancel()
-		return fault.Retryable(fmt.Errorf("%w: %w: a token in %s", inbox.ErrNotCalled, errPaced, d.Round(time.Millisecond)))
+	if deadline, ok := ctx.Deadline(); ok {
+		if late := d - time.Until(deadline); late > 0 {
+			cancel()
+			g.metrics.waitedForRate(g.topic)
+			// Tried again once its turn is nearer: by how much its lease would have ended first.
+			err := fmt.Errorf("%w: %w: a token in %s", inbox.ErrNotCalled, errPaced, d.Round(time.Millisecond))
+			return fault.RetryableAfter(err, max(late, minPacedWait))
+		}
 	}
 	g.metrics.waitedForRate(g.topic)
 	if err := g.sleep(ctx, nil, d, nil); err != nil {
@@ -162,8 +167,12 @@ func (g *gate) takeToken(ctx context.Context) error {
 }
 
 // errPaced is the cause of a call that did not go out because its turn under the route's rate limit
-// would come after its lease ends: no failure of the message's, charged nothing.
+// would come after its lease ends: no failure of the message's, charged nothing. Its error's
+// RetryAfter says when the turn would fall within a lease.
 var errPaced = errors.New("its turn under the route's rate limit comes after its lease ends")
+
+// minPacedWait is the least wait of a call whose turn came too late.
+const minPacedWait = 10 * time.Millisecond
 
 // notYet is how long until the throttle and the circuit may let a message start; 0 when they
 // would now.

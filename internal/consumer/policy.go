@@ -91,6 +91,7 @@ const (
 	waitDatabase = "the database is unavailable"
 	waitLease    = "a call of its key is out"
 	waitRoute    = "its route is paused"
+	waitRate     = "its turn under the route's rate limit"
 )
 
 // maxWaitInterval bounds the wait between two looks while a message waits without a failure of
@@ -109,8 +110,9 @@ const maxThrottle = time.Hour
 //   - The database unreachable, or the key's lease held by another live call: no failure of the
 //     message's. It looks again on a backoff of its own, charged nothing.
 //   - A retryable failure while the route's circuit has it paused: the outage's, charged nothing;
-//     parked at once (its partition goes on), or retried in place once the route opens. So is a
-//     call whose turn under the route's rate limit would come after its lease ends.
+//     parked at once (its partition goes on), or retried in place once the route opens.
+//   - A call whose turn under the route's rate limit would come after its lease ends: no call,
+//     charged nothing; it waits in place for its turn (in the park if it was parked).
 //   - Any other retryable failure is charged its time and the backoff's wait; once the budget is
 //     spent it is dead-lettered (with the error's reason, else retries_exhausted). The first
 //     failure is always retried, however long its attempt took: a budget is for retries, and one
@@ -134,8 +136,16 @@ func (p policy) decide(h history, r result, route routeView) decision {
 		return p.later(h, decision{reason: h.reason, err: r.err, wait: waitDatabase, delay: p.waitDelay(h.waits + 1)})
 	case errors.Is(r.err, inbox.ErrLeaseHeld):
 		return p.later(h, decision{reason: h.reason, err: r.err, wait: waitLease, delay: p.waitDelay(h.waits + 1)})
-	case !route.open, errors.Is(r.err, errPaced):
+	case !route.open:
 		return p.later(h, decision{reason: reason, err: r.err, wait: waitRoute})
+	case errors.Is(r.err, errPaced):
+		// A backlog under the rate limit waits for its turn where it is: it is not parked (nothing
+		// is failing), and a parked message waits in the park.
+		d := decision{action: retry, reason: reason, err: r.err, wait: waitRate, delay: retryAfter}
+		if h.parked {
+			d.action = park
+		}
+		return d
 	}
 	backoffDelay := p.backoff(h.attempts + 1) // after this attempt, the message's (attempts+1)th
 	d := decision{reason: reason, err: r.err, charge: r.took + backoffDelay, delay: max(backoffDelay, retryAfter)}
@@ -217,13 +227,13 @@ func (h history) next(r result, d decision, now time.Time) history {
 	for _, ran := range r.ran {
 		h.attempts += ran
 	}
-	if d.wait != "" && d.wait != waitRoute {
+	if d.wait != "" && d.wait != waitRoute && d.wait != waitRate {
 		h.waits++
 	} else {
 		h.waits = 0
 	}
 	h.spent += d.charge
-	if d.action == retry {
+	if d.action == retry && d.wait != waitRate { // waiting for its turn is no retry
 		h.inPlace += r.took + d.delay
 	}
 	if d.err != nil && (d.wait == "" || d.wait == waitRoute) { // a wait is no failure of its own

@@ -25,7 +25,7 @@ func TestDecide(t *testing.T) {
 	unknownOrder := fault.RetryableUntil(reasonUnknownOrder, errors.New("no order A-1"))
 	leaseHeld := fmt.Errorf("%w (another worker, for 14s more)", inbox.ErrLeaseHeld)
 	leaseHeld = &fault.Error{Kind: fault.KindRetryable, RetryAfter: 14 * time.Second, Err: leaseHeld}
-	paced := fault.Retryable(fmt.Errorf("%w: %w", inbox.ErrNotCalled, errPaced))
+	paced := fault.RetryableAfter(fmt.Errorf("%w: %w", inbox.ErrNotCalled, errPaced), 3*time.Second)
 	open, paused := routeView{open: true}, routeView{open: false}
 	ran := func(err error) result { return result{err: err, ran: []int{1}, took: 100 * time.Millisecond} }
 	answered := func(o inbox.Outcome) result {
@@ -91,10 +91,13 @@ func TestDecide(t *testing.T) {
 			want: decision{action: retry, reason: fault.RetriesExhausted, wait: waitRoute}},
 		// A call whose turn under the rate limit would come after its lease: no call, no failure
 		// of the message's, charged nothing, as while the route is paused.
-		{name: "Paced", h: history{attempts: 2, spent: 59 * time.Second}, r: result{err: paced, ran: []int{1}}, route: open,
-			want: decision{action: park, reason: fault.RetriesExhausted, wait: waitRoute}},
+		// It waits for its turn in place, even past parkAfter: nothing is failing.
+		{name: "Paced", h: history{attempts: 2, inPlace: 4 * time.Second, spent: 59 * time.Second}, r: result{err: paced, ran: []int{1}}, route: open,
+			want: decision{action: retry, reason: fault.RetriesExhausted, wait: waitRate, delay: 3 * time.Second}},
 		{name: "PacedByPartition", policy: byPartition, r: result{err: paced, ran: []int{1}}, route: open,
-			want: decision{action: retry, reason: fault.RetriesExhausted, wait: waitRoute}},
+			want: decision{action: retry, reason: fault.RetriesExhausted, wait: waitRate, delay: 3 * time.Second}},
+		{name: "PacedParked", h: history{attempts: 2, parked: true}, r: result{err: paced, ran: []int{1}}, route: open,
+			want: decision{action: park, reason: fault.RetriesExhausted, wait: waitRate, delay: 3 * time.Second}},
 		// The database down, or the key's lease held by a live call: no failure of the message's.
 		// It looks again soon, then less often, charged nothing, whatever its budget.
 		{name: "DatabaseDown", h: history{spent: 59 * time.Second}, r: result{err: fault.Unavailable(errOops), ran: []int{0}},

@@ -60,7 +60,8 @@ type HTTPConfig struct {
 // redirect's target with its query values and password masked.
 //
 // 408, 429, 5xx, timeouts and connection errors are retryable, with the answer's Retry-After (seconds
-// or an HTTP date) as the error's RetryAfter (inboxworker.RetryableAfter). Any other status is permanent, reason
+// or an HTTP date) as the error's RetryAfter (inboxworker.RetryableAfter); a 429 without one is
+// taken as a Retry-After of 1s, so that it slows the route down too. Any other status is permanent, reason
 // ProviderRejected, with the status and the start of the provider's answer in the error text,
 // after removing the token and anything that looks like a phone number from it.
 type HTTPSender struct {
@@ -100,6 +101,9 @@ func NewHTTPSender(config HTTPConfig) (*HTTPSender, error) {
 		tracer:  config.Tracer,
 	}, nil
 }
+
+// tooManyRequestsWait is the Retry-After of a 429 without one.
+const tooManyRequestsWait = time.Second
 
 // providerRequest is the body of a request to the provider.
 type providerRequest struct {
@@ -161,8 +165,13 @@ func (s *HTTPSender) Send(ctx context.Context, sms SMS) (string, error) {
 			"sms provider: %s, a redirect to %s: redirects are not followed and never count as sent; "+
 				"set the provider URL to the endpoint itself", resp.Status, s.clean(s.redirectTarget(resp))))
 	case code == http.StatusRequestTimeout, code == http.StatusTooManyRequests, code >= 500:
-		return "", inboxworker.RetryableAfter(fmt.Errorf("sms provider: %s%s", resp.Status, s.quote(answer, sms.To)),
-			retryAfter(resp.Header.Get("Retry-After"), time.Now()))
+		after := retryAfter(resp.Header.Get("Retry-After"), time.Now())
+		if code == http.StatusTooManyRequests && after == 0 {
+			// Too many requests, with no word on how long to wait: a short wait all the same, so
+			// that the route slows down (a Retry-After throttles it and halves its rate limit).
+			after = tooManyRequestsWait
+		}
+		return "", inboxworker.RetryableAfter(fmt.Errorf("sms provider: %s%s", resp.Status, s.quote(answer, sms.To)), after)
 	default:
 		if readErr != nil && len(answer) == 0 {
 			answer = []byte("(answer unreadable)")

@@ -140,6 +140,11 @@ func TestHTTPSenderAnswers(t *testing.T) {
 		{name: "TooManyRequestsRetryAfterSeconds", status: 429, retryAfter: "7",
 			wantKind: fault.KindRetryable, wantReason: fault.RetriesExhausted, wantRetryAfter: 7 * time.Second,
 			wantInError: []string{"429 Too Many Requests"}},
+		// A 429 with no Retry-After still asks to slow down: a second's wait.
+		{name: "TooManyRequestsNoRetryAfter", status: 429,
+			wantKind: fault.KindRetryable, wantReason: fault.RetriesExhausted, wantRetryAfter: time.Second},
+		{name: "TooManyRequestsRetryAfterMalformed", status: 429, retryAfter: "soon",
+			wantKind: fault.KindRetryable, wantReason: fault.RetriesExhausted, wantRetryAfter: time.Second},
 		{name: "InternalServerError", status: 500, body: "boom", wantKind: fault.KindRetryable,
 			wantReason: fault.RetriesExhausted, wantInError: []string{"500 Internal Server Error: boom"}},
 		{name: "BadGateway", status: 502, wantKind: fault.KindRetryable, wantReason: fault.RetriesExhausted},
