@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/inboxworker/inboxworker"
+	"github.com/inboxworker/inboxworker/internal/rfc3339"
 )
 
 // Limits of an SMS event. A template is a name the provider knows, not the text of the message;
@@ -94,9 +95,9 @@ func decodeTime(fields map[string]json.RawMessage, name string) (time.Time, erro
 	if kind(raw) != "string" || json.Unmarshal(raw, &s) != nil {
 		return time.Time{}, invalid(name, fmt.Errorf("must be a string, got %s", kind(raw)))
 	}
-	t, err := time.Parse(time.RFC3339Nano, s)
+	t, err := rfc3339.Parse(s)
 	if err != nil {
-		return time.Time{}, invalid(name, errors.New("must be an RFC 3339 time with its zone, such as 2026-01-02T15:04:05Z"))
+		return time.Time{}, invalid(name, errors.New("must be an RFC 3339 time with its zone, since 1970, such as 2026-01-02T15:04:05Z"))
 	}
 	return t, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/jsonobject"
+	"github.com/inboxworker/inboxworker/internal/rfc3339"
 )
 
 // Result is what the provider says happened to a payment.
@@ -160,8 +161,8 @@ func (f fieldTexts) callback() (Callback, error) {
 	default:
 		return Callback{}, invalid("result", "must be SUCCESS or FAILED, got %s", quote(f.result))
 	}
-	if cb.PaidAt, err = time.Parse(time.RFC3339, f.paidAt); err != nil {
-		return Callback{}, invalid("paid_at", "must be an RFC 3339 timestamp, got %s", quote(f.paidAt))
+	if cb.PaidAt, err = rfc3339.Parse(f.paidAt); err != nil {
+		return Callback{}, invalid("paid_at", "must be an RFC 3339 timestamp since 1970, got %s", quote(f.paidAt))
 	}
 	return cb, nil
 }

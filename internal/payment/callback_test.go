@@ -74,6 +74,8 @@ func decodeCases(t testing.TB) []decodeCase {
 			want: func(cb payment.Callback) bool { return cb.Amount == "0.00" }},
 		{name: "LargestAmount", value: c(map[string]any{"amount": "9999999999.99"}),
 			want: func(cb payment.Callback) bool { return cb.Amount == "9999999999.99" }},
+		{name: "PaidAtLowercase", value: c(map[string]any{"paid_at": "2024-05-01t10:00:00z"}),
+			want: func(cb payment.Callback) bool { return cb.PaidAt.Equal(time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)) }},
 		{name: "PaidAtWithOffsetAndFraction", value: c(map[string]any{"paid_at": "2024-05-01T18:00:00.123+08:00"}),
 			want: func(cb payment.Callback) bool {
 				return cb.PaidAt.Equal(time.Date(2024, 5, 1, 10, 0, 0, 123e6, time.UTC))
@@ -124,6 +126,8 @@ func decodeCases(t testing.TB) []decodeCase {
 		{name: "LowerCaseResult", value: c(map[string]any{"result": "success"}), field: "result"},
 		{name: "PendingResult", value: c(map[string]any{"result": "PENDING"}), field: "result"},
 		{name: "MissingPaidAt", value: c(map[string]any{"paid_at": nil}), field: "paid_at"},
+		{name: "UnsetPaidAt", value: c(map[string]any{"paid_at": "0001-01-01T00:00:00Z"}), field: "paid_at"},
+		{name: "Offset24hPaidAt", value: c(map[string]any{"paid_at": "2024-05-01T10:00:00+24:00"}), field: "paid_at"},
 		{name: "DateOnlyPaidAt", value: c(map[string]any{"paid_at": "2024-05-01"}), field: "paid_at"},
 		{name: "NoZonePaidAt", value: c(map[string]any{"paid_at": "2024-05-01T10:00:00"}), field: "paid_at"},
 		{name: "UnixPaidAt", value: c(map[string]any{"paid_at": 1714557600}), field: "paid_at"},
