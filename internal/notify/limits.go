@@ -132,6 +132,16 @@ func parseWindows(s string) ([]Window, error) {
 		windows = append(windows, w)
 	}
 	slices.SortFunc(windows, func(a, b Window) int { return cmp.Compare(a.Period, b.Period) })
+	// A window allowing as many as a longer one never binds: every stretch of its period lies in
+	// one of the longer period, which is full first. Written so, it is a mistake (5/30s for 5/30m?).
+	for i, w := range windows {
+		for _, longer := range windows[i+1:] {
+			if w.Count >= longer.Count {
+				return nil, fmt.Errorf("%d/%s never binds: %d/%s allows fewer", w.Count, envflag.FormatDuration(w.Period),
+					longer.Count, envflag.FormatDuration(longer.Period))
+			}
+		}
+	}
 	return windows, nil
 }
 

@@ -87,6 +87,8 @@ var limitTests = []struct {
 	{value: "t=1/1m;", wantErr: `want COUNT/PERIOD (1/1m), got ""`},
 	{value: "t=1/1m;2/60s", wantErr: "t: two windows of 1m"},
 	{value: "t=1/1s;1/2s;1/3s;1/4s;1/5s;1/6s;1/7s;1/8s;1/9s", wantErr: "t: at most 8 windows, got 9"},
+	{value: "verify_code=1/1m;5/30s", wantErr: "verify_code: 5/30s never binds: 1/1m allows fewer"},
+	{value: "t=5/1m;5/1h", wantErr: "t: 5/1m never binds: 5/1h allows fewer"},
 	{value: "t=1/1m,t=2/1h", wantErr: "t is given twice"},
 	{value: "t=1/1m,,u=1/1m", wantErr: "an empty entry"},
 	{value: "t 1/1m", wantErr: "want TEMPLATE=VALUE"},
