@@ -152,7 +152,7 @@ func (p policy) decide(h history, r result, route routeView) decision {
 	if retryAfter > 0 {
 		d.throttle = min(retryAfter, maxThrottle)
 	}
-	if h.attempts > 0 && h.spent+d.charge > p.retry.MaxElapsed {
+	if h.failedBefore() && h.spent+d.charge > p.retry.MaxElapsed {
 		return decision{action: deadLetter, reason: reason, err: r.err, charge: d.charge}
 	}
 	return p.later(h, d)
@@ -223,6 +223,10 @@ func crashLooped(starts int) (decision, bool) {
 var errKeyReused = errors.New("the idempotency key was applied before with a different payload")
 
 // next is h after an attempt that came to r and was decided d.
+// failedBefore reports whether the message had failed before its last attempt: its first failure
+// is always retried, however long it took (in a batch's transaction, say, which it is charged).
+func (h history) failedBefore() bool { return !h.firstAt.IsZero() }
+
 func (h history) next(r result, d decision, now time.Time) history {
 	for _, ran := range r.ran {
 		h.attempts += ran

@@ -27,6 +27,7 @@ func TestDecide(t *testing.T) {
 	leaseHeld = &fault.Error{Kind: fault.KindRetryable, RetryAfter: 14 * time.Second, Err: leaseHeld}
 	paced := fault.RetryableAfter(fmt.Errorf("%w: %w", inbox.ErrNotCalled, errPaced), 3*time.Second)
 	open, paused := routeView{open: true}, routeView{open: false}
+	failedAt := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC) // when a message that failed before first did
 	ran := func(err error) result { return result{err: err, ran: []int{1}, took: 100 * time.Millisecond} }
 	answered := func(o inbox.Outcome) result {
 		return result{outcomes: []inbox.Outcome{o}, ran: []int{1}, took: 100 * time.Millisecond}
@@ -56,7 +57,9 @@ func TestDecide(t *testing.T) {
 		// A first attempt slower than the whole budget is still retried once.
 		{name: "SlowFirstAttempt", r: result{err: retryable, ran: []int{1}, took: 2 * time.Minute}, route: open,
 			want: decision{action: retry, reason: fault.RetriesExhausted, delay: time.Second, charge: 121 * time.Second}},
-		{name: "SlowSecondAttempt", h: history{attempts: 1, spent: 121 * time.Second}, r: ran(retryable), route: open,
+		{name: "SlowFirstAttemptInABatch", h: history{attempts: 1}, r: result{err: retryable, ran: []int{0}, took: 2 * time.Minute}, route: open,
+			want: decision{action: retry, reason: fault.RetriesExhausted, delay: 2 * time.Second, charge: 122 * time.Second}},
+		{name: "SlowSecondAttempt", h: history{attempts: 1, spent: 121 * time.Second, firstAt: failedAt}, r: ran(retryable), route: open,
 			want: decision{action: deadLetter, reason: fault.RetriesExhausted, charge: 2100 * time.Millisecond}},
 		// The fourth failure waits the fourth interval, 8s, which would overrun 5s in place: parked.
 		{name: "RetryableParks", h: history{attempts: 3, inPlace: 3 * time.Second, spent: 7 * time.Second},
@@ -68,9 +71,9 @@ func TestDecide(t *testing.T) {
 		{name: "Parked", h: history{attempts: 5, parked: true, spent: 30 * time.Second}, r: ran(unknownOrder), route: open,
 			want: decision{action: park, reason: reasonUnknownOrder, delay: 8 * time.Second, charge: 8100 * time.Millisecond}},
 		// The budget spent: dead-lettered with the error's reason.
-		{name: "BudgetSpent", h: history{attempts: 9, parked: true, spent: 55 * time.Second}, r: ran(unknownOrder), route: open,
+		{name: "BudgetSpent", h: history{attempts: 9, parked: true, spent: 55 * time.Second, firstAt: failedAt}, r: ran(unknownOrder), route: open,
 			want: decision{action: deadLetter, reason: reasonUnknownOrder, charge: 8100 * time.Millisecond}},
-		{name: "BudgetSpentRetriesExhausted", h: history{attempts: 9, spent: 55 * time.Second}, r: ran(retryable), route: open,
+		{name: "BudgetSpentRetriesExhausted", h: history{attempts: 9, spent: 55 * time.Second, firstAt: failedAt}, r: ran(retryable), route: open,
 			want: decision{action: deadLetter, reason: fault.RetriesExhausted, charge: 8100 * time.Millisecond}},
 		// A Retry-After makes the wait; the route is throttled for it; only the backoff is charged,
 		// so a Retry-After longer than the budget dead-letters nothing.

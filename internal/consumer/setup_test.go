@@ -174,7 +174,10 @@ func testConfig(broker string, pool *pgxpool.Pool, store *inbox.Store, h consume
 		Brokers:        []string{broker},
 		GroupID:        group,
 		Routes:         []consumer.Route{{Topic: topic, Name: handler, Handler: h}},
-		SessionTimeout: 600 * time.Millisecond,
+		// Short, so that a killed consumer's partitions move on quickly; not so short that a busy
+		// machine's pause of a few hundred milliseconds between heartbeats (every third of it)
+		// rebalances the group under a live consumer.
+		SessionTimeout: 1500 * time.Millisecond,
 		Retry: consumer.Retry{
 			InitialInterval: time.Millisecond,
 			MaxInterval:     20 * time.Millisecond,
