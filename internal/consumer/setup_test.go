@@ -171,9 +171,9 @@ func (e *env) config(h consumer.Handler) consumer.Config {
 func testConfig(broker string, pool *pgxpool.Pool, store *inbox.Store, h consumer.Handler,
 	mode testMode, log *slog.Logger) consumer.Config {
 	return consumer.Config{
-		Brokers:        []string{broker},
-		GroupID:        group,
-		Routes:         []consumer.Route{{Topic: topic, Name: handler, Handler: h}},
+		Brokers: []string{broker},
+		GroupID: group,
+		Routes:  []consumer.Route{{Topic: topic, Name: handler, Handler: h}},
 		// Short, so that a killed consumer's partitions move on quickly; not so short that a busy
 		// machine's pause of a few hundred milliseconds between heartbeats (every third of it)
 		// rebalances the group under a live consumer.
