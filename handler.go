@@ -83,5 +83,9 @@ type CallHandler interface {
 }
 
 // Completion records a call's result through tx, the transaction that writes the key's inbox row.
-// It does database work only.
+// It does database work only. One that fails for good (a permanent error, or a panic) after its call
+// went out dead-letters the message saying the call was made, and the key's row of inbox_leases
+// stays, marked called: a replay of the message makes no second call (it is dead-lettered again,
+// handler_error) until that row is deleted. A retryable failure is retried, and calls again under
+// the same key.
 type Completion = inbox.Effect

@@ -64,12 +64,20 @@ var ErrNotCalled = errors.New("inbox: no call was made")
 // than the lease ends.
 var ErrLeaseHeld = errors.New("inbox: another caller holds the lease on the key")
 
+// ErrCalledUnrecorded is the cause of the error ProcessCall returns for a key whose call was made
+// once and whose completion then failed for good (see Call): it makes no call, and its error is
+// permanent (handler_error), until the key's row of inbox_leases is deleted, which says to call
+// again.
+var ErrCalledUnrecorded = errors.New("inbox: the key was called before, and its call was never recorded; not calling it again")
+
 // ProcessCall runs call for msg in the three steps Call describes. It returns Applied when the call's
 // effect committed with the key, Duplicate or KeyReused when the key was already recorded (no call
 // was made), Expired or Suppressed when Check declined the message (no call was made), or an
 // error, in which case nothing was recorded and the lease is released — unless the call was
 // abandoned when its context ended (and Run did not say ErrNotCalled), or Postgres cannot be
-// reached: then the lease is left to expire. A live lease held by another caller is a retryable
+// reached: then the lease is left to expire; or the effect failed for good after the call was made:
+// then the lease stays, marked called, and the key's next caller gets ErrCalledUnrecorded and makes
+// no call until the row is deleted. A live lease held by another caller is a retryable
 // error wrapping ErrLeaseHeld whose RetryAfter is the lease's remaining time.
 //
 // A call error is returned as it is; a Postgres error is classified (see Classify).
@@ -114,10 +122,14 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 
 	outcome, lost, err := s.complete(ctx, msg, l.holder, effect)
 	switch {
+	case err != nil && isPermanent(err):
+		// The call was made, and its record failed for good: the lease stays, marked called, so
+		// that a replay does not call again unasked, and the error says what happened.
+		s.releaseCalled(ctx, l)
+		err = fmt.Errorf("the call was made, and recording it failed (inbox_leases keeps its key as called): %w", err)
 	case err != nil:
-		// Nothing committed: the retry, if any, calls again.
-		kind, _, _ := fault.Classify(err)
-		s.release(ctx, l, kind == fault.KindPermanent)
+		// Nothing committed: the retry calls again, with the same key.
+		s.release(ctx, l, false)
 	case lost:
 		s.config.Logger.WarnContext(ctx, "the lease on the key was taken over while the call ran",
 			slog.String("handler", msg.Handler), slog.String("key", msg.Key))
@@ -157,7 +169,7 @@ VALUES ($1, $2, $3, now() + $4 * interval '1 microsecond', 1)
 ON CONFLICT (handler, idempotency_key) DO UPDATE
 SET holder = excluded.holder, expires_at = excluded.expires_at, attempts = inbox_leases.attempts + 1,
     taken_at = now()
-WHERE inbox_leases.expires_at <= now()
+WHERE inbox_leases.expires_at <= now() AND inbox_leases.called_at IS NULL
 RETURNING attempts`
 
 // A lease is released in one of two ways. Expired at once, it keeps its count of attempts for the
@@ -165,6 +177,10 @@ RETURNING attempts`
 // fails for good.
 const (
 	expireLeaseSQL = `UPDATE inbox_leases SET expires_at = now()
+WHERE handler = $1 AND idempotency_key = $2 AND holder = $3`
+	// calledLeaseSQL keeps the lease of a call whose completion failed for good, expired and marked
+	// called: the key is not called again until the row is deleted (see ErrCalledUnrecorded).
+	calledLeaseSQL = `UPDATE inbox_leases SET expires_at = now(), called_at = now()
 WHERE handler = $1 AND idempotency_key = $2 AND holder = $3`
 	forgetLeaseSQL = `DELETE FROM inbox_leases WHERE handler = $1 AND idempotency_key = $2 AND holder = $3`
 )
@@ -277,23 +293,46 @@ var leaseSynchronousCommit = "off"
 // errRollback ends a lease transaction that found the key applied: nothing it did is kept.
 var errRollback = errors.New("inbox: roll back")
 
-// leaseHeld returns the retryable error of a caller that found msg's lease live.
+// leaseHeld returns the retryable error of a caller that found msg's lease live, or the permanent
+// one of a key called before whose call was never recorded (ErrCalledUnrecorded).
 func (s *Store) leaseHeld(ctx context.Context, tx pgx.Tx, msg Message) error {
 	var seconds float64
 	var holder string
+	var calledAt *time.Time
 	err := tx.QueryRow(ctx, `
-		SELECT holder, greatest(extract(epoch FROM expires_at - clock_timestamp()), 0)::float8
+		SELECT holder, greatest(extract(epoch FROM expires_at - clock_timestamp()), 0)::float8, called_at
 		FROM inbox_leases WHERE handler = $1 AND idempotency_key = $2`,
-		msg.Handler, msg.Key).Scan(&holder, &seconds)
+		msg.Handler, msg.Key).Scan(&holder, &seconds, &calledAt)
 	remaining := time.Duration(seconds * float64(time.Second))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		// Released since: its holder has just completed or given up. Retry at once.
 	case err != nil:
 		return Classify(fmt.Errorf("inbox: read the lease: %w", err))
+	case calledAt != nil:
+		return fault.Permanent(fault.HandlerError, fmt.Errorf(
+			"%w: called by %s, whose record failed at %s; to call it again, delete the key's row of inbox_leases and replay",
+			ErrCalledUnrecorded, holder, calledAt.UTC().Format(time.RFC3339)))
 	}
 	return &fault.Error{Kind: fault.KindRetryable, RetryAfter: remaining,
 		Err: fmt.Errorf("%w (%s, for %s more)", ErrLeaseHeld, holder, remaining.Round(time.Millisecond))}
+}
+
+// releaseCalled ends l's lease after a call whose completion failed for good, keeping it marked
+// called (calledLeaseSQL).
+func (s *Store) releaseCalled(ctx context.Context, l *lease) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	if _, err := s.pool.Exec(rctx, calledLeaseSQL, l.msg.Handler, l.msg.Key, l.holder); err != nil {
+		s.config.Logger.WarnContext(ctx, "cannot mark the key's lease called; it will expire",
+			slog.String("handler", l.msg.Handler), slog.String("key", l.msg.Key), slog.Any("error", err))
+	}
+}
+
+// isPermanent reports whether err is classified permanent.
+func isPermanent(err error) bool {
+	kind, _, _ := fault.Classify(err)
+	return kind == fault.KindPermanent
 }
 
 // release ends l's lease after a call that failed or whose completion did not commit: the call is

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -238,21 +239,56 @@ func TestProcessCall(t *testing.T) {
 	t.Run("CompletionFails", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, inbox.Config{})
-		// A completion that may succeed later ends the lease and keeps its attempt; one that never can
-		// (the message is dead-lettered) removes it.
-		for _, failure := range []error{fault.Retryable(errEffect), errEffect} {
-			call := inbox.Call{Lease: testLease, Run: func(context.Context, int) (inbox.Effect, error) {
-				return func(context.Context, pgx.Tx) error { return failure }, nil
-			}}
-			if _, err := e.store.ProcessCall(ctx, message("k1"), call); !errors.Is(err, errEffect) {
-				t.Fatalf("ProcessCall: %v, want %v", err, errEffect)
-			}
-			l, leased := e.leases(t)["k1"]
-			if kind, _, _ := fault.Classify(failure); kind == fault.KindRetryable && (!leased || l.live || l.attempts != 1) ||
-				kind == fault.KindPermanent && leased || len(e.keys(t)) != 0 {
-				t.Fatalf("after a %v failure: keys %v, lease %+v (%v); want nothing recorded, and the lease expired "+
-					"with its attempt, or removed", kind, e.keys(t), l, leased)
-			}
+		// A completion that may succeed later ends the lease and keeps its attempt: the retry calls
+		// again, under the same key.
+		var runs atomic.Int32
+		call := inbox.Call{Lease: testLease, Run: func(context.Context, int) (inbox.Effect, error) {
+			runs.Add(1)
+			return func(context.Context, pgx.Tx) error { return fault.Retryable(errEffect) }, nil
+		}}
+		if _, err := e.store.ProcessCall(ctx, message("k1"), call); !errors.Is(err, errEffect) {
+			t.Fatalf("ProcessCall: %v, want %v", err, errEffect)
+		}
+		if l, leased := e.leases(t)["k1"]; !leased || l.live || l.attempts != 1 || len(e.keys(t)) != 0 {
+			t.Fatalf("after a retryable failure: keys %v, lease %+v (%v); want nothing recorded, the lease expired with its attempt",
+				e.keys(t), l, leased)
+		}
+		if _, err := e.store.ProcessCall(ctx, message("k1"), call); !errors.Is(err, errEffect) || runs.Load() != 2 {
+			t.Fatalf("ProcessCall again: %v after %d calls, want %v after 2", err, runs.Load(), errEffect)
+		}
+	})
+
+	t.Run("CompletionFailsForGood", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, inbox.Config{})
+		// One that never can (a bug: the message is dead-lettered) says the call was made, and keeps
+		// the lease, marked called: a replay makes no call, until the row is deleted.
+		var runs atomic.Int32
+		failing := inbox.Call{Lease: testLease, Run: func(context.Context, int) (inbox.Effect, error) {
+			runs.Add(1)
+			return func(context.Context, pgx.Tx) error { return errEffect }, nil
+		}}
+		_, err := e.store.ProcessCall(ctx, message("k1"), failing)
+		if !errors.Is(err, errEffect) || !strings.Contains(err.Error(), "the call was made") {
+			t.Fatalf("ProcessCall: %v, want %v, saying the call was made", err, errEffect)
+		}
+		if kind, reason, _ := fault.Classify(err); kind != fault.KindPermanent || reason != fault.HandlerError {
+			t.Errorf("ProcessCall's error classified %v %s, want permanent handler_error", kind, reason)
+		}
+		if l, leased := e.leases(t)["k1"]; !leased || l.live || len(e.keys(t)) != 0 {
+			t.Fatalf("after the failure: keys %v, lease %+v (%v); want nothing recorded, the lease kept, expired", e.keys(t), l, leased)
+		}
+		fixed := recordCall("k1", &runs)
+		_, err = e.store.ProcessCall(ctx, message("k1"), fixed) // the replay, the bug fixed
+		if !errors.Is(err, inbox.ErrCalledUnrecorded) || runs.Load() != 1 {
+			t.Fatalf("ProcessCall of the replay: %v after %d calls; want %v, no second call", err, runs.Load(), inbox.ErrCalledUnrecorded)
+		}
+		if kind, reason, _ := fault.Classify(err); kind != fault.KindPermanent || reason != fault.HandlerError {
+			t.Errorf("the replay's error classified %v %s, want permanent handler_error", kind, reason)
+		}
+		e.exec(t, `DELETE FROM inbox_leases WHERE idempotency_key = 'k1'`) // the operator says: call again
+		if outcome, err := e.store.ProcessCall(ctx, message("k1"), fixed); err != nil || outcome != inbox.Applied || runs.Load() != 2 {
+			t.Fatalf("ProcessCall once the row is deleted: %v, %v after %d calls; want applied after 2", outcome, err, runs.Load())
 		}
 	})
 

@@ -62,7 +62,7 @@ ORDER BY m.key
 ON CONFLICT (handler, idempotency_key) DO UPDATE
 SET holder = excluded.holder, expires_at = excluded.expires_at, attempts = inbox_leases.attempts + 1,
     taken_at = now()
-WHERE inbox_leases.expires_at <= now()
+WHERE inbox_leases.expires_at <= now() AND inbox_leases.called_at IS NULL
 RETURNING idempotency_key, attempts`
 
 // commitLeases commits a group of lease requests in one transaction, with what lease does for one: one
@@ -157,7 +157,7 @@ func (s *Store) decideLease(ctx context.Context, tx pgx.Tx, i int, c *leaseReque
 		c.outcome = KeyReused
 	case !isTaken:
 		c.err = s.leaseHeld(ctx, tx, msg)
-		if !errors.Is(c.err, ErrLeaseHeld) {
+		if !errors.Is(c.err, ErrLeaseHeld) && !errors.Is(c.err, ErrCalledUnrecorded) {
 			return false, c.err // Postgres failed
 		}
 		return false, nil
