@@ -116,7 +116,7 @@ func TestBoundsPassTheWorker(t *testing.T) {
 			env := maps.Clone(compatible)
 			env[s.Env] = v
 			cfg := parseConfig(t, env, "run")
-			routes, err := cfg.workerRoutes(logger, nil)
+			routes, err := cfg.workerRoutes(routeDeps{logger: logger})
 			if err != nil {
 				t.Fatalf("%s=%s: %v", s.Env, v, err)
 			}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"log/slog"
 	"slices"
 	"strings"
@@ -33,7 +34,7 @@ type routeRow struct {
 	// maxConcurrency bounds <NAME>_CONCURRENCY.
 	maxConcurrency int
 	// handler builds the route's handler: its Handler or its Call, of the route it returns.
-	handler func(cfg *Config, logger *slog.Logger, tracer *tracing.Tracer) (inboxworker.Route, error)
+	handler func(cfg *Config, deps routeDeps) (inboxworker.Route, error)
 	// calls: its handler is a call handler, whose calls <NAME>_RATE_LIMIT bounds.
 	calls bool
 	// optional: its topic may be "-", which turns the route off; and it is consumed only when its
@@ -52,8 +53,8 @@ var bundledRoutes = []routeRow{
 		concurrency: 4, maxConcurrency: 1000,
 		concurrencyHelp: "most payment transactions (batches) at once, across partitions; each holds a database connection",
 		inspect:         inspect.Payments,
-		handler: func(cfg *Config, logger *slog.Logger, _ *tracing.Tracer) (inboxworker.Route, error) {
-			h, err := payment.NewHandler(payment.Config{EventsTopic: cfg.topic(paymentEventsInbox), Logger: logger,
+		handler: func(cfg *Config, deps routeDeps) (inboxworker.Route, error) {
+			h, err := payment.NewHandler(payment.Config{EventsTopic: cfg.topic(paymentEventsInbox), Logger: deps.logger,
 				AppliedLevel: outcomeLevel(cfg)})
 			return inboxworker.Route{Handler: h}, err
 		}},
@@ -61,14 +62,14 @@ var bundledRoutes = []routeRow{
 		concurrency: 128, maxConcurrency: 10000,
 		concurrencyHelp: "most SMS being sent at once, across partitions",
 		inspect:         inspect.SMS,
-		handler: func(cfg *Config, logger *slog.Logger, tracer *tracing.Tracer) (inboxworker.Route, error) {
-			sender, err := smsSender(cfg, logger, tracer)
+		handler: func(cfg *Config, deps routeDeps) (inboxworker.Route, error) {
+			sender, err := smsSender(cfg, deps.logger, deps.tracer)
 			if err != nil {
 				return inboxworker.Route{}, err
 			}
 			lease := smsCallLease(cfg)
 			h, err := notify.NewHandler(notify.Config{Sender: sender, Validity: cfg.SMSValidity,
-				RecipientLimits: cfg.SMSRecipientLimits, Hold: 2 * lease, Logger: logger})
+				RecipientLimits: cfg.SMSRecipientLimits, Hold: 2 * lease, Pool: deps.pool, Logger: deps.logger})
 			return inboxworker.Route{Call: h, CallLease: lease}, err
 		}},
 	// The order events the payment route emits, also where the outbox relay publishes them
@@ -77,8 +78,8 @@ var bundledRoutes = []routeRow{
 	{name: paymentEventsInbox, topic: "payments.events", what: "order event", optional: true,
 		concurrency: 4, maxConcurrency: 1000,
 		concurrencyHelp: "most order-event transactions (batches) at once, across partitions",
-		handler: func(cfg *Config, logger *slog.Logger, _ *tracing.Tracer) (inboxworker.Route, error) {
-			h, err := receipt.NewHandler(receipt.Config{SMSTopic: cfg.topic(smsInbox), Logger: logger})
+		handler: func(cfg *Config, deps routeDeps) (inboxworker.Route, error) {
+			h, err := receipt.NewHandler(receipt.Config{SMSTopic: cfg.topic(smsInbox), Logger: deps.logger})
 			return inboxworker.Route{Handler: h}, err
 		}},
 }
@@ -258,12 +259,19 @@ func (c *Config) emittedTopics() []string {
 	return []string{c.topic(paymentEventsInbox), c.topic(smsInbox)}
 }
 
-// workerRoutes are the routes as the worker takes them, their handlers built, tracing what they
-// call with tracer.
-func (c *Config) workerRoutes(logger *slog.Logger, tracer *tracing.Tracer) ([]inboxworker.Route, error) {
+// routeDeps are what the routes' handlers are built with: the worker's logger, its tracer of what
+// they call, and its pool (nil where none is open yet).
+type routeDeps struct {
+	logger *slog.Logger
+	tracer *tracing.Tracer
+	pool   *pgxpool.Pool
+}
+
+// workerRoutes are the routes as the worker takes them, their handlers built with deps.
+func (c *Config) workerRoutes(deps routeDeps) ([]inboxworker.Route, error) {
 	var out []inboxworker.Route
 	for _, r := range c.active() {
-		route, err := r.handler(c, logger, tracer)
+		route, err := r.handler(c, deps)
 		if err != nil {
 			return nil, err
 		}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"io"
-	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -16,13 +15,12 @@ import (
 	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/envflag"
 	"github.com/inboxworker/inboxworker/internal/testlog"
-	"github.com/inboxworker/inboxworker/internal/tracing"
 )
 
 // audit is a third route, as a team would add one: a package with its handler, and a row.
 var audit = routeRow{name: "audit", topic: "audit.events", what: "audit event",
 	concurrency: 2, maxConcurrency: 8, concurrencyHelp: "most audit transactions at once",
-	handler: func(*Config, *slog.Logger, *tracing.Tracer) (inboxworker.Route, error) {
+	handler: func(*Config, routeDeps) (inboxworker.Route, error) {
 		return inboxworker.Route{Handler: inboxworker.HandlerFunc(
 			func(context.Context, pgx.Tx, inboxworker.Delivery) error { return nil })}, nil
 	}}
@@ -66,7 +64,7 @@ func TestThirdRoute(t *testing.T) {
 	if got := cfg.topics(); !slices.Equal(got, []string{"payments.callbacks", "notifications.sms", "audit.v2"}) {
 		t.Errorf("topics %q, want the audit route's after the bundled ones", got)
 	}
-	built, err := cfg.workerRoutes(testlog.New(t), nil)
+	built, err := cfg.workerRoutes(routeDeps{logger: testlog.New(t)})
 	if err != nil || len(built) != 3 || built[2].Name != "audit" || built[2].Topic != "audit.v2" ||
 		built[2].Concurrency != 3 || built[2].Handler == nil {
 		t.Errorf("worker routes %+v, %v; want the audit route third, with its handler and settings", built, err)

@@ -152,7 +152,7 @@ func (w *worker) wire(ctx context.Context) error {
 	if err := checkKafka(ctx, cfg, logger); err != nil {
 		return err
 	}
-	routes, err := cfg.workerRoutes(logger, w.tracer)
+	routes, err := cfg.workerRoutes(routeDeps{logger: logger, tracer: w.tracer, pool: w.pool})
 	if err != nil {
 		return err
 	}

@@ -53,8 +53,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxworker/inboxworker"
+	"github.com/inboxworker/inboxworker/internal/fault"
 )
 
 // ProviderRejected is the dead-letter reason of an SMS the provider refused for good: any answer but
@@ -116,6 +118,10 @@ type Config struct {
 	// recorded (dead-lettered) stops counting after it. Defaults to 30s, twice inboxworker's default
 	// CallLease.
 	Hold time.Duration
+	// Pool, when set, lets a send the provider refused for good stop counting against its
+	// recipient's limits at once, rather than once its Hold lapses: a code the provider rejected
+	// must not keep the next one from going out. Nil: the Hold lapses.
+	Pool *pgxpool.Pool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -126,6 +132,7 @@ type Handler struct {
 	validity Validity
 	limits   RecipientLimits
 	hold     time.Duration
+	pool     *pgxpool.Pool
 	logger   *slog.Logger
 }
 
@@ -154,7 +161,7 @@ func NewHandler(config Config) (*Handler, error) {
 		limits[template] = slices.SortedFunc(slices.Values(windows), func(a, b Window) int { return cmp.Compare(a.Period, b.Period) })
 	}
 	return &Handler{sender: config.Sender, validity: maps.Clone(config.Validity), limits: limits,
-		hold: cmp.Or(config.Hold, defaultHold), logger: cmp.Or(config.Logger, slog.Default())}, nil
+		hold: cmp.Or(config.Hold, defaultHold), pool: config.Pool, logger: cmp.Or(config.Logger, slog.Default())}, nil
 }
 
 const insertNotificationSQL = `
@@ -210,6 +217,9 @@ func (h *Handler) Call(ctx context.Context, d inboxworker.Delivery) (inboxworker
 	sms.Key = d.Key
 	id, err := h.sender.Send(ctx, sms)
 	if err != nil {
+		if kind, _, _ := fault.Classify(err); kind == fault.KindPermanent && len(h.limits[sms.Template]) > 0 {
+			h.uncount(ctx, sms)
+		}
 		return nil, fmt.Errorf("notify: send to %s: %w", MaskPhone(sms.To), err)
 	}
 	var storedID *string

@@ -30,8 +30,9 @@ import (
 //
 // A row counts while its send may be out (held_until, Config.Hold after the check) and, once the
 // send is recorded SENT (its completion sets held_until NULL, in the same transaction), for good:
-// an SMS never sent (dead-lettered: rejected by the provider, its retries exhausted) stops counting
-// once its hold lapses, and does not spend the recipient's budget. A row is of no use once the
+// an SMS never sent does not spend the recipient's budget. One the provider refused for good stops
+// counting at once (Handler.uncount, with Config.Pool); one dead-lettered otherwise (its retries
+// exhausted) once its hold lapses. A row is of no use once the
 // template's longest window has passed (forget_at); each check deletes a few such rows, so the
 // table holds about what the windows hold, without a purger of its own.
 //
@@ -101,6 +102,28 @@ INSERT INTO notification_counts (idempotency_key, recipient, template, counted_a
 VALUES ($1, $2, $3, now(), NULL, now() + $6 * interval '1 microsecond')
 ON CONFLICT (idempotency_key) DO UPDATE SET held_until = NULL`
 )
+
+// uncount ends the hold of sms, which the provider refused for good: it was not sent, and stops
+// counting against its recipient's limits now. The send is over: no transaction is held across it.
+// Without a pool, or if Postgres fails, the hold lapses on its own.
+func (h *Handler) uncount(ctx context.Context, sms SMS) {
+	if h.pool == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), uncountTimeout)
+	defer cancel()
+	if _, err := h.pool.Exec(ctx, uncountSQL, sms.Key); err != nil {
+		h.logger.WarnContext(ctx, "cannot stop counting a refused sms against its recipient; its hold will lapse",
+			slog.Any("sms", sms), slog.Any("error", err))
+	}
+}
+
+// uncountSQL ends the hold of a send not recorded; one recorded counts for good (held_until NULL).
+const uncountSQL = `UPDATE notification_counts SET held_until = now()
+WHERE idempotency_key = $1 AND held_until > now()`
+
+// uncountTimeout bounds uncount.
+const uncountTimeout = 2 * time.Second
 
 // forgetPerCheck is how many rows past their windows a check deletes: more than the one it adds, so
 // that the table shrinks back once traffic falls.

@@ -155,6 +155,21 @@ func TestRecipientLimitDeadLetterStopsCounting(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	h := e.limitedHandler(t, notify.Config{RecipientLimits: limitsOf(t, "verify_code=1/1m"), Hold: 50 * time.Millisecond})
+	testRejectedStopsCounting(t, e, h)
+}
+
+// TestRecipientLimitRejectedStopsCounting: with the pool, a send the provider rejects for good
+// stops counting at once, however long its hold: the next code to the number goes out.
+func TestRecipientLimitRejectedStopsCounting(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	h := e.limitedHandler(t, notify.Config{RecipientLimits: limitsOf(t, "verify_code=1/1m"), Hold: time.Hour, Pool: e.pool})
+	testRejectedStopsCounting(t, e, h)
+}
+
+// testRejectedStopsCounting: k1, rejected for good by the provider, stops counting against its
+// recipient's limit of 1, and k2 to the same number is sent.
+func testRejectedStopsCounting(t *testing.T, e *env, h *notify.Handler) {
 	e.provider.SetHook(func(r notifytest.Request) notifytest.Reply {
 		if r.Key == "k1" {
 			return notifytest.Reply{Status: http.StatusBadRequest, Body: `{"error":"unknown number"}`}
