@@ -295,6 +295,18 @@ func TestSMS(t *testing.T) {
 	expect(t, out, []string{`^  outcome +not sent yet: 3 call\(s\) made and none recorded`,
 		`^  lease +.*expired .* ago\): the next call for the key takes it over$`})
 
+	// A key that is a phone number is masked in the heading too; an inbox row with no
+	// notifications row says it has no record of a send, not that it was applied.
+	e.exec(`INSERT INTO inbox (handler, idempotency_key, fingerprint, topic, "partition", "offset", expires_at)
+		VALUES ('sms', '+8613800138000', '\x00', 'notifications.sms', 0, 7, now() + interval '26 hours')`)
+	out, err = e.inspect("+8613800138000", "sms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, out, []string{`^idempotency key \+86138\*\*\*\*8000, as the database knows it at `,
+		`^  outcome +handled, with no record of a send: its inbox row committed, and no notifications row`,
+		`^  sms +no notifications row`}, "13800138000", "applied")
+
 	// A key both routes know shows both, each under its own heading.
 	out, err = e.inspect("both", "")
 	if err != nil {

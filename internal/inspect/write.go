@@ -36,7 +36,7 @@ var smsSections = []section{{"sms", notificationLines}, {"lease", leaseLines}}
 // write prints the report: a heading, then each route that knows the key.
 func (rep Report) write(out io.Writer, dlqSuffix string) error {
 	w := bufio.NewWriter(out)
-	fmt.Fprintf(w, "idempotency key %s, as the database knows it at %s\n", replay.Displayed(rep.Key),
+	fmt.Fprintf(w, "idempotency key %s, as the database knows it at %s\n", replay.DisplayedKey([]byte(rep.Key)),
 		rep.ReadAt.UTC().Format(time.DateTime+"Z"))
 	for _, r := range rep.Routes {
 		if !r.Known() {
@@ -104,6 +104,8 @@ func appliedOutcome(r RouteReport) string {
 		o = notSent[r.Notification.Status] + "; its notifications row committed with the inbox row"
 	case r.Route.Kind == SMS && r.Notification != nil:
 		o = "sent: the provider accepted it, and its notifications row committed with the inbox row"
+	case r.Route.Kind == SMS:
+		o = "handled, with no record of a send: its inbox row committed, and no notifications row says it was sent or not"
 	default:
 		o = "applied: its inbox row committed with its effect"
 	}
