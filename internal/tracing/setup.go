@@ -150,6 +150,9 @@ func readEnv(getenv func(string) string) (otelEnv, error) {
 	if env.sampler, env.samplerName, err = readSampler(getenv); err != nil {
 		return env, err
 	}
+	if err := checkSDKSettings(getenv); err != nil {
+		return env, err
+	}
 	if name := strings.TrimSpace(getenv("OTEL_SERVICE_NAME")); name != "" {
 		env.serviceName = []attribute.KeyValue{semconv.ServiceName(name)}
 	}
@@ -238,4 +241,63 @@ func readSampler(getenv func(string) string) (sdktrace.Sampler, string, error) {
 	return nil, "", &envflag.Error{Name: "OTEL_TRACES_SAMPLER", Err: errors.New("unsupported sampler " +
 		strconv.Quote(name) + " (use parentbased_always_on, parentbased_always_off, parentbased_traceidratio, " +
 		"always_on, always_off or traceidratio)")}
+}
+
+// checkSDKSettings checks the variables the SDK reads itself, which it would otherwise take
+// silently as their defaults when they are wrong (a negative delay, an unknown compression), or
+// report in a raw line of its own: the exporter's headers and timeout and compression, the batch
+// processor's settings, and the resource's attributes. An error quotes no header value: one may be
+// a collector's API key.
+func checkSDKSettings(getenv func(string) string) error {
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"} {
+		if err := checkPairs(getenv(name), false); err != nil {
+			return &envflag.Error{Name: name, Err: err}
+		}
+	}
+	if err := checkPairs(getenv("OTEL_RESOURCE_ATTRIBUTES"), true); err != nil {
+		return &envflag.Error{Name: "OTEL_RESOURCE_ATTRIBUTES", Err: err}
+	}
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"} {
+		switch v := strings.TrimSpace(getenv(name)); v {
+		case "", "gzip", "none":
+		default:
+			return &envflag.Error{Name: name, Err: fmt.Errorf("unsupported compression %q (use gzip or none)", v)}
+		}
+	}
+	for _, n := range []struct {
+		name  string
+		least int
+	}{
+		{"OTEL_EXPORTER_OTLP_TIMEOUT", 1}, {"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", 1}, {"OTEL_BSP_SCHEDULE_DELAY", 0},
+		{"OTEL_BSP_EXPORT_TIMEOUT", 1}, {"OTEL_BSP_MAX_QUEUE_SIZE", 1}, {"OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 1},
+	} {
+		v := strings.TrimSpace(getenv(n.name))
+		if v == "" {
+			continue
+		}
+		if i, err := strconv.Atoi(v); err != nil || i < n.least {
+			return &envflag.Error{Name: n.name, Err: fmt.Errorf("invalid value %q (want a whole number, %d or more; times in milliseconds)", v, n.least)}
+		}
+	}
+	return nil
+}
+
+// checkPairs checks s, a list of key=value pairs separated by commas (W3C Baggage's format, which
+// OTEL_EXPORTER_OTLP_HEADERS and OTEL_RESOURCE_ATTRIBUTES take); quote says whether an error may
+// quote the entry.
+func checkPairs(s string, quote bool) error {
+	if strings.TrimSpace(s) == "" {
+		return nil
+	}
+	for i, entry := range strings.Split(s, ",") {
+		key, _, ok := strings.Cut(entry, "=")
+		if ok && strings.TrimSpace(key) != "" {
+			continue
+		}
+		if quote {
+			return fmt.Errorf("entry %d, %q, is not KEY=VALUE (want key1=value1,key2=value2)", i+1, entry)
+		}
+		return fmt.Errorf("entry %d is not KEY=VALUE (want key1=value1,key2=value2)", i+1)
+	}
+	return nil
 }
