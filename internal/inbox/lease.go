@@ -122,14 +122,16 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 
 	outcome, lost, err := s.complete(ctx, msg, l.holder, effect)
 	switch {
-	case err != nil && isPermanent(err):
+	case err != nil && isPermanent(err) && ctx.Err() == nil && !errors.Is(err, context.Canceled):
 		// The call was made, and its record failed for good: the lease stays, marked called, so
-		// that a replay does not call again unasked, and the error says what happened.
+		// that a replay does not call again unasked, and the error says what happened. (A record
+		// cut short by a rebalance or a stop is no failure of its own: the next delivery calls
+		// again, under the same key.)
 		s.releaseCalled(ctx, l)
 		err = fmt.Errorf("the call was made, and recording it failed (inbox_leases keeps its key as called): %w", err)
 	case err != nil:
-		// Nothing committed: the retry calls again, with the same key.
-		s.release(ctx, l, false)
+		// Nothing committed: the retry, if any, calls again, with the same key.
+		s.release(ctx, l, isPermanent(err))
 	case lost:
 		s.config.Logger.WarnContext(ctx, "the lease on the key was taken over while the call ran",
 			slog.String("handler", msg.Handler), slog.String("key", msg.Key))

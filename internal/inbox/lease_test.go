@@ -258,6 +258,29 @@ func TestProcessCall(t *testing.T) {
 		}
 	})
 
+	t.Run("CompletionCutShort", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, inbox.Config{})
+		// A record cut short by a rebalance or a stop (its context cancelled) is no failure of its
+		// own: the key is not marked called, and its next delivery calls again.
+		var runs atomic.Int32
+		cctx, cancel := context.WithCancel(ctx)
+		call := inbox.Call{Lease: testLease, Run: func(context.Context, int) (inbox.Effect, error) {
+			runs.Add(1)
+			return func(ctx context.Context, tx pgx.Tx) error {
+				cancel() // the partition revoked while the record runs
+				_, err := tx.Exec(ctx, `SELECT pg_sleep(1)`)
+				return err
+			}, nil
+		}}
+		if _, err := e.store.ProcessCall(cctx, message("k1"), call); err == nil || strings.Contains(err.Error(), "the call was made") {
+			t.Fatalf("ProcessCall cut short: %v, want an error that does not mark the call made", err)
+		}
+		if outcome, err := e.store.ProcessCall(ctx, message("k1"), recordCall("k1", &runs)); err != nil || outcome != inbox.Applied || runs.Load() != 2 {
+			t.Fatalf("ProcessCall of the next delivery: %v, %v after %d calls; want applied after 2", outcome, err, runs.Load())
+		}
+	})
+
 	t.Run("CompletionFailsForGood", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, inbox.Config{})
