@@ -2,11 +2,12 @@ package cli
 
 import (
 	"fmt"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"log/slog"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/envflag"

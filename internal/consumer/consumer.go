@@ -36,7 +36,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -49,6 +48,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/startup"
 	"github.com/inboxworker/inboxworker/internal/tracing"
 )
 
@@ -383,9 +383,8 @@ func (config *Config) validateRoutes() error {
 	if len(config.Routes) == 0 {
 		return errors.New("Config.Routes is required")
 	}
-	if !topicName.MatchString(config.DLQSuffix) {
-		return fmt.Errorf("Config.DLQSuffix %q is not a topic name's end (letters, digits, '.', '_' and '-')",
-			config.DLQSuffix)
+	if err := startup.CheckTopicName(config.DLQSuffix); err != nil {
+		return fmt.Errorf("Config.DLQSuffix: %w", err)
 	}
 	topics := make(map[string]bool)
 	names := make(map[string]int)
@@ -397,9 +396,8 @@ func (config *Config) validateRoutes() error {
 			return fmt.Errorf("Config.Routes[%d].CallLease %s gives its call %s, no less than AttemptTimeout %s: the attempt would end the call first",
 				i, r.CallLease, r.CallLease*2/3, config.AttemptTimeout)
 		}
-		if len(r.Topic+config.DLQSuffix) > maxTopicName {
-			return fmt.Errorf("Config.Routes[%d].Topic %q is too long for its dead-letter topic (%d characters with %q, at most %d)",
-				i, r.Topic, len(r.Topic+config.DLQSuffix), config.DLQSuffix, maxTopicName)
+		if err := startup.CheckTopicName(r.Topic + config.DLQSuffix); err != nil {
+			return fmt.Errorf("Config.Routes[%d].Topic: its dead-letter topic: %w", i, err)
 		}
 		if topics[r.Topic] {
 			return fmt.Errorf("Config.Routes[%d].Topic %q is routed twice", i, r.Topic)
@@ -428,19 +426,15 @@ func (c *Consumer) IsDeadLetterTopic(topic string) bool {
 	return false
 }
 
-// topicName is what Kafka accepts in a topic's name; maxTopicName its longest.
-var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]+$`)
-
-const maxTopicName = 249
-
 // validate says what is wrong with r, as the rest of a sentence that starts with its place in
 // Config.Routes.
 func (r Route) validate() error {
+	topicErr := startup.CheckTopicName(r.Topic)
 	switch {
 	case r.Topic == "":
 		return errors.New(".Topic is required")
-	case !topicName.MatchString(r.Topic) || r.Topic == "." || r.Topic == "..":
-		return fmt.Errorf(".Topic %q is not a Kafka topic name (letters, digits, '.', '_' and '-')", r.Topic)
+	case topicErr != nil:
+		return fmt.Errorf(".Topic: %w", topicErr)
 	case r.Name == "":
 		return errors.New(".Name is required")
 	case (r.Handler == nil) == (r.Call == nil):

@@ -149,16 +149,15 @@ func (g *gate) takeToken(ctx context.Context) error {
 	if d <= 0 {
 		return nil
 	}
+	g.metrics.waitedForRate(g.topic)
 	if deadline, ok := ctx.Deadline(); ok {
 		if late := d - time.Until(deadline); late > 0 {
 			cancel()
-			g.metrics.waitedForRate(g.topic)
 			// Tried again once its turn is nearer: by how much its lease would have ended first.
 			err := fmt.Errorf("%w: %w: a token in %s", inbox.ErrNotCalled, errPaced, d.Round(time.Millisecond))
 			return fault.RetryableAfter(err, max(late, minPacedWait))
 		}
 	}
-	g.metrics.waitedForRate(g.topic)
 	if err := g.sleep(ctx, nil, d, nil); err != nil {
 		cancel()
 		return fmt.Errorf("%w: %w", inbox.ErrNotCalled, err)

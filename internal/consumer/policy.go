@@ -222,11 +222,11 @@ func crashLooped(starts int) (decision, bool) {
 // payload.
 var errKeyReused = errors.New("the idempotency key was applied before with a different payload")
 
-// next is h after an attempt that came to r and was decided d.
 // failedBefore reports whether the message had failed before its last attempt: its first failure
 // is always retried, however long it took (in a batch's transaction, say, which it is charged).
 func (h history) failedBefore() bool { return !h.firstAt.IsZero() }
 
+// next is h after an attempt that came to r and was decided d.
 func (h history) next(r result, d decision, now time.Time) history {
 	for _, ran := range r.ran {
 		h.attempts += ran

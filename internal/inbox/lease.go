@@ -114,8 +114,7 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 		// timeout, the most common abandonment) — may still be worked on by the other service: its
 		// lease stays until it expires, so that no other call of the key overlaps it.
 		if !abandoned {
-			kind, _, _ := fault.Classify(err)
-			s.release(ctx, l, kind == fault.KindPermanent)
+			s.release(ctx, l, isPermanent(err))
 		}
 		return "", err
 	}
@@ -322,14 +321,7 @@ func (s *Store) leaseHeld(ctx context.Context, tx pgx.Tx, msg Message) error {
 
 // releaseCalled ends l's lease after a call whose completion failed for good, keeping it marked
 // called (calledLeaseSQL).
-func (s *Store) releaseCalled(ctx context.Context, l *lease) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
-	defer cancel()
-	if _, err := s.pool.Exec(rctx, calledLeaseSQL, l.msg.Handler, l.msg.Key, l.holder); err != nil {
-		s.config.Logger.WarnContext(ctx, "cannot mark the key's lease called; it will expire",
-			slog.String("handler", l.msg.Handler), slog.String("key", l.msg.Key), slog.Any("error", err))
-	}
-}
+func (s *Store) releaseCalled(ctx context.Context, l *lease) { s.endLease(ctx, l, calledLeaseSQL) }
 
 // isPermanent reports whether err is classified permanent.
 func isPermanent(err error) bool {
@@ -343,12 +335,17 @@ func isPermanent(err error) bool {
 // count of attempts. It runs even when ctx is cancelled. A failed release is logged; the lease then
 // expires in its time.
 func (s *Store) release(ctx context.Context, l *lease, forget bool) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
-	defer cancel()
 	sql := expireLeaseSQL
 	if forget {
 		sql = forgetLeaseSQL
 	}
+	s.endLease(ctx, l, sql)
+}
+
+// endLease runs sql, one of the statements that end a lease, on l's, even when ctx is cancelled.
+func (s *Store) endLease(ctx context.Context, l *lease, sql string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
 	if _, err := s.pool.Exec(rctx, sql, l.msg.Handler, l.msg.Key, l.holder); err != nil {
 		s.config.Logger.WarnContext(ctx, "cannot release the lease on the key; it will expire",
 			slog.String("handler", l.msg.Handler), slog.String("key", l.msg.Key), slog.Any("error", err))

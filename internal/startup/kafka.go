@@ -173,9 +173,9 @@ const MaxTopicName = 249
 var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]+$`)
 
 // CheckTopicName accepts a name Kafka accepts for a topic (a dead-letter suffix follows the same
-// rules).
+// rules): not "." nor "..", which Kafka refuses too.
 func CheckTopicName(v string) error {
-	if !topicName.MatchString(v) || len(v) > MaxTopicName {
+	if !topicName.MatchString(v) || len(v) > MaxTopicName || v == "." || v == ".." {
 		return fmt.Errorf("invalid topic name %q (letters, digits, '.', '_' and '-', at most %d)", v, MaxTopicName)
 	}
 	return nil

@@ -1,6 +1,7 @@
 package startup
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/segmentio/kafka-go/sasl/plain"
@@ -33,6 +34,18 @@ func TestKafkaAuth(t *testing.T) {
 		}
 		if p, ok := mechanism.(plain.Mechanism); ok && (p.Username != "u" || p.Password != "p") {
 			t.Errorf("PLAIN credentials not passed: %+v", p)
+		}
+	}
+}
+
+func TestCheckTopicName(t *testing.T) {
+	t.Parallel()
+	for name, ok := range map[string]bool{
+		"payments.callbacks": true, ".dlq": true, "a_b-C.9": true, strings.Repeat("t", MaxTopicName): true,
+		"": false, ".": false, "..": false, "bad topic!": false, "a/b": false, strings.Repeat("t", MaxTopicName+1): false,
+	} {
+		if err := CheckTopicName(name); (err == nil) != ok {
+			t.Errorf("CheckTopicName(%.20q) = %v, want ok %v", name, err, ok)
 		}
 	}
 }
