@@ -72,9 +72,10 @@ func TestStartupErrors(t *testing.T) {
 		},
 		{
 			name: "UnreachableKafka",
-			env:  []string{"DATABASE_URL=" + pgtest.ServerURL(), "KAFKA_BROKERS=127.0.0.1:1", "STARTUP_TIMEOUT=300ms", "HTTP_ADDR=127.0.0.1:0"},
+			// Long enough for Postgres, reached first, to answer on a busy machine: 300ms was not.
+			env:  []string{"DATABASE_URL=" + pgtest.ServerURL(), "KAFKA_BROKERS=127.0.0.1:1", "STARTUP_TIMEOUT=3s", "HTTP_ADDR=127.0.0.1:0"},
 			args: []string{"run", "--no-migrate"},
-			want: `worker: KAFKA_BROKERS: Kafka at 127.0.0.1:1 unreachable after 300ms: …`,
+			want: `worker: KAFKA_BROKERS: Kafka at 127.0.0.1:1 unreachable after 3s: …`,
 		},
 	}
 	for _, tt := range tests {
