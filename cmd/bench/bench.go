@@ -43,6 +43,9 @@ type config struct {
 	// SMSRateLimit is the sms_rate mode's SMS_RATE_LIMIT, for the whole group of Instances workers.
 	SMSRateLimit float64
 	Instances    int
+	// OnePartition puts the sms_rate mode's whole stream on partition 0: all the traffic on one
+	// instance of the group.
+	OnePartition bool
 	// CPUProfile, when set, is where to write a CPU profile of each mode (with the mode as suffix).
 	CPUProfile string
 	// LogLevel is the level of the worker's log, written as the worker writes it: JSON lines on

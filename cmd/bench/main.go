@@ -59,6 +59,7 @@ func main() {
 		"sms mode: the worker's SMS_RECIPIENT_LIMIT, e.g. verify_code=1/1m;5/1h;10/24h (each event is to its own phone: none is over it)")
 	flag.Float64Var(&cfg.SMSRateLimit, "sms-rate-limit", 100, "sms_rate mode: the worker's SMS_RATE_LIMIT, calls per second for the whole group")
 	flag.IntVar(&cfg.Instances, "instances", 2, "sms_rate mode: workers in the group")
+	flag.BoolVar(&cfg.OnePartition, "one-partition", false, "sms_rate mode: the whole stream on partition 0, all the traffic on one instance")
 	flag.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of the timed part of each mode to `file`.<mode>")
 	cfg.LogLevel = slog.LevelWarn
 	flag.TextVar(&cfg.LogLevel, "log-level", cfg.LogLevel,

@@ -35,6 +35,9 @@ func produceSMS(ctx context.Context, cfg config, addr, topic string) error {
 	defer transport.CloseIdleConnections()
 	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: topic, Transport: transport, Balancer: &kafka.Hash{},
 		RequiredAcks: kafka.RequireAll, BatchSize: 1000, BatchTimeout: time.Millisecond}
+	if cfg.OnePartition {
+		w.Balancer = kafka.BalancerFunc(func(kafka.Message, ...int) int { return 0 })
+	}
 	defer w.Close()
 	msgs := make([]kafka.Message, cfg.Phones)
 	for i := range msgs {

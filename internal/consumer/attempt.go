@@ -202,7 +202,7 @@ func (rt *route) call(ctx context.Context, a attempt, r *result) ([]inbox.Outcom
 			defer recoverHandler(ctx, a.log, &err)
 			d := d
 			d.Attempt = max(d.Attempt, calls)
-			if err := rt.gate.takeToken(ctx); err != nil {
+			if err := rt.gate.takeTurn(ctx); err != nil {
 				return nil, err
 			}
 			complete, err := rt.Call.Call(ctx, d)

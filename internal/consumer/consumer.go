@@ -139,8 +139,9 @@ type Route struct {
 	// overwhelmed. Defaults to 4: a route that does not say is taken for a database-only one, about
 	// a transaction per connection of a small pool. A call route's starts slowly (see slots).
 	Concurrency int
-	// RateLimit is the most calls per second of a call route, for the whole consumer group: each
-	// instance takes the share of the partitions it owns. 0: none.
+	// RateLimit is the most calls per second of a call route, for the whole consumer group: its
+	// instances book each call's turn in a schedule they share in the database (Store), one per
+	// 1/RateLimit, wherever the traffic is. 0: none.
 	RateLimit float64
 }
 
@@ -574,7 +575,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 // its last batch on shutdown does not cut short the others' (their heartbeats and commits), every
 // partition goroutine waits for its siblings before it returns.
 func (c *Consumer) startGeneration(stop, hard context.Context, gen *kafka.Generation, all *sync.WaitGroup, onEnd func()) {
-	c.shareRates(stop, gen)
 	// Every sibling is counted before the first starts: one that returns at once (its generation
 	// already ended) must not find the count at zero while others are still to be added.
 	var siblings sync.WaitGroup
@@ -601,34 +601,6 @@ func (c *Consumer) startGeneration(stop, hard context.Context, gen *kafka.Genera
 		<-genCtx.Done()
 		onEnd()
 	})
-}
-
-// shareRates gives each route with a rate limit its share of the group's rate for gen: the
-// partitions of its topic gen assigned this instance, of all of them, so that the group's members
-// together keep to the rate however the partitions are spread; the lag refreshes keep the totals
-// current. A share that cannot be read now stays as it was until the next refresh.
-func (c *Consumer) shareRates(ctx context.Context, gen *kafka.Generation) {
-	var limited []string
-	for topic, rt := range c.routes {
-		rt.owned.Store(int32(len(gen.Assignments[topic])))
-		if rt.gate.pace.limited() {
-			limited = append(limited, topic)
-		}
-	}
-	if len(limited) == 0 {
-		return
-	}
-	meta, err := c.lag.client.Metadata(ctx, &kafka.MetadataRequest{Topics: limited})
-	if err != nil {
-		c.log.WarnContext(ctx, "cannot read the partitions of the rate-limited topics; their shares of the rate wait for the next lag refresh",
-			"error", err)
-		return
-	}
-	for _, t := range meta.Topics {
-		if rt := c.routes[t.Name]; rt != nil && t.Error == nil {
-			rt.shareRate(len(t.Partitions))
-		}
-	}
 }
 
 // cancelAfterShutdownTimeout cancels in-flight work ShutdownTimeout after ctx is cancelled, unless

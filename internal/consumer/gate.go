@@ -18,10 +18,11 @@ import (
 //   - slots (slots.go): at most Route.Concurrency of the route's handlers run at once (a batch
 //     counts once); a call route starts slowly after start and after a pause, and halves on
 //     failures;
-//   - the pace (pace.go): a call route's share of the group's rate, Route.RateLimit. The gate
-//     admits a message only while a token is free, and the call takes one right before it goes
-//     out (takeToken), after its lease: a database slow to grant leases would otherwise release
-//     calls admitted over a while all at once, above the rate;
+//   - the pace (pace.go): a call route's rate limit for the whole group, Route.RateLimit, in a
+//     schedule the group's instances share. The gate admits a message only while a turn is near,
+//     and the call takes its turn right before it goes out (takeTurn), after its lease: a
+//     database slow to grant leases would otherwise release calls admitted over a while all at
+//     once, above the rate;
 //   - a throttle: the route's dependency asked to wait (a Retry-After), and nothing of the route
 //     starts before then;
 //   - the outage circuit (circuit.go): while the route's failures look like an outage of its
@@ -56,7 +57,7 @@ const (
 var pauseReasons = []string{pausedOutage, pausedRetryAfter}
 
 // newGate is the gate of route r: a call route starts slowly, and keeps to its rate.
-func newGate(r Route, cc CircuitConfig, m *Metrics, log *slog.Logger) (*gate, error) {
+func newGate(r Route, cc CircuitConfig, book booker, m *Metrics, log *slog.Logger) (*gate, error) {
 	g := &gate{topic: r.Topic, metrics: m, log: log}
 	cc.OnChange = g.circuitChanged
 	c, err := newCircuit(cc)
@@ -65,7 +66,7 @@ func newGate(r Route, cc CircuitConfig, m *Metrics, log *slog.Logger) (*gate, er
 	}
 	g.circuit = c
 	g.slots = newSlots(r.Concurrency, r.Call != nil, c.config.MinKeys, func(limit int) { m.setConcurrency(r.Topic, limit) })
-	g.pace = newPace(r.RateLimit, func(perSecond float64) { m.setRate(r.Topic, perSecond) })
+	g.pace = newPace(r.RateLimit, book, func(perSecond float64) { m.setRate(r.Topic, perSecond) })
 	return g, nil
 }
 
@@ -111,7 +112,7 @@ func (g *gate) admit() (admission, time.Duration) {
 }
 
 // allow takes the permit for a message to start now: any while the route is open, the probe once
-// it is due while it is paused, if the route's pace has a token free. Every permit granted goes
+// it is due while it is paused, if the route's pace has a turn near. Every permit granted goes
 // back to record.
 func (g *gate) allow() (permit, bool) {
 	if g.throttledFor() > 0 || g.pace.delay() > 0 {
@@ -140,26 +141,31 @@ func (g *gate) wait(ctx context.Context, stopping <-chan struct{}) (permit, erro
 	}
 }
 
-// takeToken takes a token of the route's pace for a call about to go out, waiting for its time;
-// at once for a route without a rate limit. It fails, the token given back and no call made, when
-// ctx is done first, or at once with errPaced when the token's time comes after ctx's deadline (the
-// call's lease): both wrap inbox.ErrNotCalled, so that the key's lease is released.
-func (g *gate) takeToken(ctx context.Context) error {
-	d, cancel := g.pace.reserve()
+// takeTurn takes the turn, under the route's rate limit, of a call about to go out, and waits for
+// its time; at once for a route without a rate limit. It fails, the turn given back and no call
+// made, when ctx is done first, when the turn cannot be booked (Postgres is down: the error says
+// so), or at once with errPaced when the turn's time comes after ctx's deadline (the call's lease):
+// all wrap inbox.ErrNotCalled, so that the key's lease is released.
+func (g *gate) takeTurn(ctx context.Context) error {
+	at, err := g.pace.take(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: its turn under the route's rate limit: %w", inbox.ErrNotCalled, err)
+	}
+	d := time.Until(at)
 	if d <= 0 {
 		return nil
 	}
 	g.metrics.waitedForRate(g.topic)
 	if deadline, ok := ctx.Deadline(); ok {
 		if late := d - time.Until(deadline); late > 0 {
-			cancel()
+			g.pace.giveBack(at)
 			// Tried again once its turn is nearer: by how much its lease would have ended first.
-			err := fmt.Errorf("%w: %w: a token in %s", inbox.ErrNotCalled, errPaced, d.Round(time.Millisecond))
+			err := fmt.Errorf("%w: %w: its turn in %s", inbox.ErrNotCalled, errPaced, d.Round(time.Millisecond))
 			return fault.RetryableAfter(err, max(late, minPacedWait))
 		}
 	}
 	if err := g.sleep(ctx, nil, d, nil); err != nil {
-		cancel()
+		g.pace.giveBack(at)
 		return fmt.Errorf("%w: %w", inbox.ErrNotCalled, err)
 	}
 	return nil

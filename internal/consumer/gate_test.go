@@ -18,7 +18,7 @@ func newTestGate(t *testing.T, cc CircuitConfig) (*gate, *Metrics, *bytes.Buffer
 	m := NewMetrics(prometheus.NewRegistry())
 	m.initSeries([]string{"a", "b"})
 	logs := &bytes.Buffer{}
-	g, err := newGate(Route{Topic: "b", Concurrency: 2}, cc, m, slog.New(slog.NewTextHandler(logs, nil)))
+	g, err := newGate(Route{Topic: "b", Concurrency: 2}, cc, nil, m, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

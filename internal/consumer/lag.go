@@ -101,9 +101,6 @@ func (l *lagReporter) refresh(ctx context.Context, now time.Time) error {
 			partitions[t.Name] = append(partitions[t.Name], p.ID)
 			ends[t.Name] = append(ends[t.Name], kafka.FirstOffsetOf(p.ID), kafka.LastOffsetOf(p.ID))
 		}
-		if rt := l.c.routes[t.Name]; rt != nil {
-			rt.shareRate(len(t.Partitions)) // partitions added since the generation started
-		}
 	}
 	offsets := &kafka.ListOffsetsResponse{}
 	committed := make(map[topicPartition]int64)

@@ -78,10 +78,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"How many of the topic's handler runs may go at once on this instance now: Route.Concurrency, or less while a call route starts slowly.",
 			"topic"),
 		RateLimit: newGauge("inboxworker_route_rate_limit",
-			"Calls per second the topic's route may make on this instance now: its share of the group's rate limit, lowered while its dependency throttles it; 0 without a limit.",
+			"Calls per second at which this instance books the turns of the topic's route in the group's shared schedule: its rate limit, lowered while its dependency throttles this instance; 0 without a limit.",
 			"topic"),
 		RateWaits: newCounter("inboxworker_route_rate_waits_total",
-			"Calls of the topic's route that waited for a token of its rate limit before they went out.",
+			"Calls of the topic's route that waited for their turn under its rate limit before they went out.",
 			"topic"),
 		CommitFailures: newCounter("inboxworker_offset_commit_failures_total",
 			"Offset commits of the topic's partitions that failed (the broker refused them, or the connection closed): messages since the last commit will be delivered again.",
@@ -265,7 +265,7 @@ func (m *Metrics) setRate(topic string, perSecond float64) {
 	m.RateLimit.WithLabelValues(topic).Set(perSecond)
 }
 
-// waitedForRate counts a call of topic that waited for a token of its rate limit.
+// waitedForRate counts a call of topic that waited for its turn under its rate limit.
 func (m *Metrics) waitedForRate(topic string) {
 	if m == nil {
 		return

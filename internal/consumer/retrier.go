@@ -231,7 +231,7 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 	}
 	g := r.p.route.gate
 	permit, ok := g.allow()
-	if !ok && g.notYet() == 0 { // only the route's pace: wait for a token
+	if !ok && g.notYet() == 0 { // only the route's pace: wait for a turn
 		var err error
 		if permit, err = g.wait(ctx, r.p.stopping); err == nil {
 			ok = true

@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/inboxworker/inboxworker/internal/inbox"
@@ -42,9 +41,6 @@ type route struct {
 
 	gate   *gate
 	policy policy
-	// owned is how many of the topic's partitions the current generation assigned this instance,
-	// for its share of the rate limit.
-	owned atomic.Int32
 
 	store          *inbox.Store
 	tracer         *tracing.Tracer
@@ -67,7 +63,10 @@ func newRoute(r Route, config *Config, log *slog.Logger) (*route, error) {
 	}
 	cc := config.Circuit
 	cc.OnChange = nil
-	g, err := newGate(r, cc, config.Metrics, log)
+	book := func(ctx context.Context, n int, every time.Duration) (time.Duration, error) {
+		return config.Store.BookCalls(ctx, config.GroupID, r.Name, n, every)
+	}
+	g, err := newGate(r, cc, book, config.Metrics, log)
 	if err != nil {
 		return nil, err
 	}
@@ -89,10 +88,4 @@ func (rt *route) inboxMessage(partition int, offset int64, key string, value []b
 		Partition:   int32(partition),
 		Offset:      offset,
 	}
-}
-
-// shareRate gives the route its share of the group's rate limit: owned of its topic's total
-// partitions.
-func (rt *route) shareRate(total int) {
-	rt.gate.pace.setShare(int(rt.owned.Load()), total)
 }
