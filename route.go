@@ -33,10 +33,10 @@ type Route struct {
 	// counts once; a call out counts until it ends): a database route's transactions each hold a
 	// connection of the pool, a call route's calls load the other service. Defaults to 4.
 	Concurrency int
-	// RateLimit is the most calls per second of a call route, for the whole consumer group: each
-	// instance takes the share of the route's partitions it owns, re-split at every rebalance, so
-	// that no call waits on another instance. A 429 or a Retry-After lowers it for a while. 0:
-	// none.
+	// RateLimit is the most calls per second of a call route, for the whole consumer group,
+	// wherever its traffic is: the instances book each call's turn in a schedule they share in the
+	// database, one per 1/RateLimit. A 429 or a Retry-After lowers it for a while on the instance
+	// that got it. 0: none; else from one an hour (1.0/3600) to 1,000,000.
 	RateLimit float64
 	// Retention is how long the route's idempotency keys are remembered: at least as long as the
 	// topic can deliver a message again, its retention.ms plus its segment.ms (a key forgotten

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/inboxworker/inboxworker/internal/busiest"
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/inbox"
@@ -46,12 +47,12 @@ func runSMSRate(ctx context.Context, e *env) (result, error) {
 	if err := provider.check(e.cfg.Phones); err != nil {
 		return result{}, err
 	}
-	took, busiest := provider.pace()
+	took, most := provider.pace()
 	r := result{Elapsed: took, Messages: e.cfg.Phones, Latencies: progress.latencies}
 	r.Note = fmt.Sprintf("sms_rate: %d instances, SMS_RATE_LIMIT=%g, provider latency %s, %d phones: "+
 		"%.1f calls/s = %.3f × the limit, from the first call to the last; the busiest second %d calls = %.2f × the limit",
 		e.cfg.Instances, e.cfg.SMSRateLimit, e.cfg.ProviderLatency, e.cfg.Phones, r.rate(),
-		r.rate()/e.cfg.SMSRateLimit, busiest, float64(busiest)/e.cfg.SMSRateLimit)
+		r.rate()/e.cfg.SMSRateLimit, most, float64(most)/e.cfg.SMSRateLimit)
 	return r, nil
 }
 
@@ -143,7 +144,7 @@ func startTimedProvider(latency time.Duration) (*timedProvider, error) {
 
 // pace returns the time from the first call to the last, and the most calls that arrived within one
 // second of each other.
-func (p *timedProvider) pace() (took time.Duration, busiest int) {
+func (p *timedProvider) pace() (took time.Duration, most int) {
 	p.mu.Lock()
 	times := slices.Clone(p.times)
 	p.mu.Unlock()
@@ -151,13 +152,7 @@ func (p *timedProvider) pace() (took time.Duration, busiest int) {
 		return 0, len(times)
 	}
 	slices.SortFunc(times, time.Time.Compare)
-	for i, j := 0, 0; j < len(times); j++ {
-		for times[j].Sub(times[i]) >= time.Second {
-			i++
-		}
-		busiest = max(busiest, j-i+1)
-	}
-	return times[len(times)-1].Sub(times[0]), busiest
+	return times[len(times)-1].Sub(times[0]), busiest.Within(times, time.Second)
 }
 
 func init() {

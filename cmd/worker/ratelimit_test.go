@@ -2,7 +2,6 @@ package main_test
 
 import (
 	"fmt"
-	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/internal/busiest"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/notify/notifytest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
@@ -87,19 +87,11 @@ func TestRateLimitThroughKill(t *testing.T) {
 	}
 
 	mu.Lock()
-	times := slices.Clone(arrivals)
-	mu.Unlock()
-	slices.SortFunc(times, time.Time.Compare)
-	busiest := 0
-	for i, j := 0, 0; j < len(times); j++ {
-		for times[j].Sub(times[i]) >= time.Second {
-			i++
-		}
-		busiest = max(busiest, j-i+1)
+	defer mu.Unlock()
+	most := busiest.Within(arrivals, time.Second)
+	if most > rate*3/2 {
+		t.Errorf("%d sends within one second, want at most %d: the workers do not share the rate", most, rate*3/2)
 	}
-	if busiest > rate*3/2 {
-		t.Errorf("%d sends within one second, want at most %d: the workers do not share the rate", busiest, rate*3/2)
-	}
-	t.Logf("%d sends at SMS_RATE_LIMIT=%d through a SIGKILL, in %s; the busiest second %d", len(times), rate,
-		times[len(times)-1].Sub(times[0]).Round(time.Millisecond), busiest)
+	t.Logf("%d sends at SMS_RATE_LIMIT=%d through a SIGKILL, in %s; the busiest second %d", len(arrivals), rate,
+		arrivals[len(arrivals)-1].Sub(arrivals[0]).Round(time.Millisecond), most)
 }

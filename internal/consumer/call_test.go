@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/internal/busiest"
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
@@ -390,16 +391,7 @@ func (c *callClock) note() {
 func (c *callClock) busiestSecond() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	times := slices.Clone(c.times)
-	slices.SortFunc(times, time.Time.Compare)
-	most := 0
-	for i, j := 0, 0; j < len(times); j++ {
-		for times[j].Sub(times[i]) >= time.Second {
-			i++
-		}
-		most = max(most, j-i+1)
-	}
-	return most
+	return busiest.Within(c.times, time.Second)
 }
 
 // TestRateLimitAcrossInstances: a call route's rate limit holds for the whole group — two

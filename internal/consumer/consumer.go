@@ -35,7 +35,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -141,9 +140,15 @@ type Route struct {
 	Concurrency int
 	// RateLimit is the most calls per second of a call route, for the whole consumer group: its
 	// instances book each call's turn in a schedule they share in the database (Store), one per
-	// 1/RateLimit, wherever the traffic is. 0: none.
+	// 1/RateLimit, wherever the traffic is. 0: none; else from MinRateLimit to MaxRateLimit.
 	RateLimit float64
 }
+
+// The bounds of a Route.RateLimit that is set: a call an hour, a million a second.
+const (
+	MinRateLimit = 1.0 / 3600
+	MaxRateLimit = 1e6
+)
 
 // DefaultCallLease is Route.CallLease's default.
 const DefaultCallLease = 15 * time.Second
@@ -442,8 +447,8 @@ func (r Route) validate() error {
 		return errors.New(" needs a Handler or a Call, and not both")
 	case r.Concurrency < 1:
 		return fmt.Errorf(".Concurrency must be positive, got %d", r.Concurrency)
-	case !(r.RateLimit >= 0) || math.IsInf(r.RateLimit, 1) || r.RateLimit > 0 && r.Call == nil:
-		return fmt.Errorf(".RateLimit is for call routes, and a finite positive number; got %g", r.RateLimit)
+	case !(r.RateLimit == 0 || r.RateLimit >= MinRateLimit && r.RateLimit <= MaxRateLimit) || r.RateLimit > 0 && r.Call == nil:
+		return fmt.Errorf(".RateLimit is for call routes, from %g to %g calls per second; got %g", MinRateLimit, MaxRateLimit, r.RateLimit)
 	case r.Call == nil && r.CallLease != 0:
 		return fmt.Errorf(".CallLease is for call routes; got %s on a Handler route", r.CallLease)
 	case r.Call != nil && r.CallLease < 3*time.Millisecond:

@@ -442,6 +442,14 @@ func TestNewValidates(t *testing.T) {
 			c.Routes[0].Handler, c.Routes[0].Call = nil, newCaller(nil)
 			c.Routes[0].RateLimit = math.Inf(1)
 		}, "Config.Routes[0].RateLimit"},
+		{"RateLimitTiny", func(c *consumer.Config) {
+			c.Routes[0].Handler, c.Routes[0].Call = nil, newCaller(nil)
+			c.Routes[0].RateLimit = 1e-12 // a call in 30,000 years
+		}, "Config.Routes[0].RateLimit"},
+		{"RateLimitHuge", func(c *consumer.Config) {
+			c.Routes[0].Handler, c.Routes[0].Call = nil, newCaller(nil)
+			c.Routes[0].RateLimit = 1e12
+		}, "Config.Routes[0].RateLimit"},
 		{"NoStore", func(c *consumer.Config) { c.Store = nil }, "Config.Store"},
 		{"NoDeadLetters", func(c *consumer.Config) { c.DeadLetters = nil }, "Config.DeadLetters"},
 	}

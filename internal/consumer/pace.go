@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -164,10 +165,12 @@ func (p *pace) letGo(now time.Time) {
 }
 
 // every is the spacing of the calls this instance books: 1/rate and a hundredth, longer while
-// throttled. The hundredth is for the way of each call to the other service, whose time varies: a
-// call a little late, the next on time, would otherwise arrive less than 1/rate apart. p.mu is held.
+// throttled, in whole microseconds, as the database keeps it. The hundredth is for the way of each
+// call to the other service, whose time varies: a call a little late, the next on time, would
+// otherwise arrive less than 1/rate apart. p.mu is held.
 func (p *pace) every() time.Duration {
-	return time.Duration(paceSpacing * float64(time.Second) / (p.group * p.factor))
+	us := math.Ceil(paceSpacing * 1e6 / (p.group * p.factor))
+	return time.Duration(us) * time.Microsecond
 }
 
 // throttled halves the rate: the route's dependency asked to wait.

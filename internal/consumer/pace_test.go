@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/inboxworker/inboxworker/internal/busiest"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 	"github.com/inboxworker/inboxworker/internal/testlog"
@@ -57,18 +58,6 @@ func turns(t *testing.T, ps []*pace, calls int) []time.Time {
 	return all
 }
 
-// busiest returns the most of times within any window of d.
-func busiest(times []time.Time, d time.Duration) int {
-	most := 0
-	for i, j := 0, 0; j < len(times); j++ {
-		for times[j].Sub(times[i]) >= d {
-			i++
-		}
-		most = max(most, j-i+1)
-	}
-	return most
-}
-
 // TestPaceShared: the instances of a group keep to one rate together, from their first calls on:
 // the turns they are given are spaced by the rate in the schedule they share, whichever instance
 // asks. Each turn's time is counted from the answer of its booking, so a slow answer only delays it;
@@ -92,11 +81,11 @@ func TestPaceShared(t *testing.T) {
 		t.Parallel()
 		const rate = 100
 		all := turns(t, paces(t, 3, rate), 100)
-		if n := busiest(all, time.Second); n > rate*3/2 {
+		if n := busiest.Within(all, time.Second); n > rate*3/2 {
 			t.Errorf("%d turns within one second, want at most %d: the instances do not share the rate", n, rate*3/2)
 		}
 		t.Logf("300 turns at %d/s over %s; the busiest second %d", rate, all[len(all)-1].Sub(all[0]).Round(time.Millisecond),
-			busiest(all, time.Second))
+			busiest.Within(all, time.Second))
 	})
 }
 
@@ -159,6 +148,10 @@ func TestPaceThrottled(t *testing.T) {
 			t.Errorf("rate %g after many throttlings, want at least %g", r, 100*minPaceFactor)
 		}
 	})
+	// Spaced in whole microseconds, as the database keeps a booking: 1.01 s / 3, rounded up.
+	if got := newPace(3, nil, nil).every(); got != 336667*time.Microsecond {
+		t.Errorf("calls booked %s apart at 3/s, want 336.667ms", got)
+	}
 	if p := newPace(0, nil, nil); p.limited() {
 		t.Error("a pace without a rate limits")
 	} else if at, err := p.take(t.Context()); err != nil || !at.IsZero() || p.delay() != 0 {
