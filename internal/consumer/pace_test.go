@@ -8,7 +8,10 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/inboxworker/inboxworker/internal/busiest"
+	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 	"github.com/inboxworker/inboxworker/internal/testlog"
@@ -116,6 +119,39 @@ func TestPaceGiveBack(t *testing.T) {
 	p.giveBack(first) // its time came: used later it would go out with the next
 	if len(p.times) != 0 {
 		t.Errorf("a passed turn kept: %v", p.times)
+	}
+}
+
+// TestPaceDatabaseDown: a turn that cannot be booked, Postgres being out of reach, is refused as an
+// outage of the database, which no message is charged for and which is waited out; the next call
+// once it is back books as before.
+func TestPaceDatabaseDown(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Schema(t)
+	proxy := pgtest.StartProxy(t, db.URL)
+	pool, err := pgxpool.New(t.Context(), proxy.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := inbox.NewStore(pool, inbox.Config{Logger: testlog.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPace(10, func(ctx context.Context, n int, every time.Duration) (time.Duration, error) {
+		return store.BookCalls(ctx, "g", "sms", n, every)
+	}, nil)
+	proxy.Cut()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := p.take(ctx); err == nil {
+		t.Fatal("a turn taken with the database out of reach")
+	} else if kind, _, _ := fault.Classify(err); kind != fault.KindUnavailable {
+		t.Errorf("take error %v classified %v, want unavailable", err, kind)
+	}
+	proxy.Restore()
+	if _, err := p.take(ctx); err != nil {
+		t.Errorf("take once the database is back: %v", err)
 	}
 }
 
