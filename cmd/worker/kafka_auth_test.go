@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -17,6 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl/scram"
+
+	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
 
@@ -47,6 +52,9 @@ func TestKafkaSASLOverTLS(t *testing.T) {
 		t.Parallel()
 		p := startWorker(t, env("kafka-s3cret"), "run")
 		p.waitLog("joined a generation of the consumer group")
+		// Read, dead-lettered and committed: every client of the worker authenticated.
+		produceOverSASL(t, addr, caFile, topicPayments, kafka.Message{Value: []byte("not JSON")})
+		p.waitLog("dead-lettered the message")
 		p.signal(syscall.SIGTERM)
 		if code := p.wait(); code != 0 {
 			t.Errorf("exit code %d after SIGTERM, want 0", code)
@@ -110,4 +118,28 @@ func selfSignedTLS(t *testing.T) (*tls.Config, string) {
 		t.Fatal(err)
 	}
 	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}, caFile
+}
+
+// produceOverSASL writes msgs to topic as the user app over TLS, trusting the certificate in caFile.
+func produceOverSASL(t *testing.T, addr, caFile, topic string, msgs ...kafka.Message) {
+	t.Helper()
+	ca, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca)
+	mechanism, err := scram.Mechanism(scram.SHA512, "app", "kafka-s3cret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	transport := &kafka.Transport{ClientID: kafkatest.ClientID, SASL: mechanism, TLS: &tls.Config{RootCAs: roots}}
+	defer transport.CloseIdleConnections()
+	w := &kafka.Writer{Addr: kafka.TCP(addr), Transport: transport, Topic: topic, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatalf("produce to %s over SASL: %v", topic, err)
+	}
 }

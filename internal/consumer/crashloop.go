@@ -141,7 +141,7 @@ func (g *crashGuard) cover(ctx context.Context, ds []*dispatch) bool {
 	p := g.p
 	var first *entry
 	for _, e := range p.window.all() {
-		if e.msg.Offset > g.covered {
+		if e.msg.Offset > g.covered && !e.marker {
 			first = e
 			break
 		}

@@ -10,14 +10,14 @@ import (
 
 // fetch fetches the partition's messages into out until ctx is done, never more than MaxInFlight
 // ahead of the commit.
-func (p *partition) fetch(ctx context.Context, out chan<- kafka.Message) {
+func (p *partition) fetch(ctx context.Context, reader *reader, out chan<- record) {
 	for {
 		select {
 		case p.room <- struct{}{}:
 		case <-ctx.Done():
 			return
 		}
-		m, err := p.reader.FetchMessage(ctx)
+		r, err := reader.next(ctx)
 		if err != nil {
 			<-p.room
 			if ctx.Err() != nil {
@@ -29,21 +29,27 @@ func (p *partition) fetch(ctx context.Context, out chan<- kafka.Message) {
 			}
 			continue
 		}
-		if o := p.c.config.Observer; o != nil {
-			o.Fetched(p.topic, p.id, m.Offset)
+		if o := p.c.config.Observer; o != nil && !r.marker {
+			o.Fetched(p.topic, p.id, r.msg.Offset)
 		}
-		out <- m // never blocks: out holds MaxInFlight
+		out <- r // never blocks: out holds MaxInFlight
 	}
 }
 
-// add takes a fetched message into the window, with its keys.
-func (p *partition) add(ctx context.Context, m kafka.Message) {
-	e := &entry{msg: m, fetched: time.Now()}
-	e.key, e.reason, e.keyErr = p.route.IdempotencyKey(m)
-	e.order = orderingKey(p.c.config.Ordering, m, e.key, e.keyErr)
+// add takes a fetched record into the window: a message with its keys, or a transaction's marker,
+// finished as it comes.
+func (p *partition) add(ctx context.Context, r record) {
+	m := r.msg
 	if p.committed < 0 {
 		p.committed = m.Offset // the partition starts here: what came before is not this run's
 	}
+	if r.marker {
+		p.window.pass(&entry{msg: m, marker: true})
+		return
+	}
+	e := &entry{msg: m, fetched: time.Now()}
+	e.key, e.reason, e.keyErr = p.route.IdempotencyKey(m)
+	e.order = orderingKey(p.c.config.Ordering, m, e.key, e.keyErr)
 	p.window.add(e)
 	p.guard.fetched(ctx, e)
 }
@@ -65,11 +71,11 @@ func orderingKey(ordering Ordering, m kafka.Message, key string, keyErr error) s
 }
 
 // addMore takes in whatever else was fetched already, so that one schedule covers it all.
-func (p *partition) addMore(ctx context.Context, fetched <-chan kafka.Message) {
+func (p *partition) addMore(ctx context.Context, fetched <-chan record) {
 	for p.window.inFlight() < p.c.config.MaxInFlight {
 		select {
-		case m := <-fetched:
-			p.add(ctx, m)
+		case r := <-fetched:
+			p.add(ctx, r)
 		default:
 			return
 		}

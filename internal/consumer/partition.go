@@ -48,7 +48,6 @@ type partition struct {
 	parked  *parkedKeys
 	retrier *retrier
 
-	reader   *kafka.Reader
 	stopping <-chan struct{} // closed when Run's context is cancelled
 
 	// The state below belongs to run's goroutine.
@@ -73,6 +72,7 @@ type partition struct {
 // entry is one fetched message, from its fetch to the commit that covers it.
 type entry struct {
 	msg     kafka.Message
+	marker  bool   // a transaction's marker, never handled (see record)
 	order   string // its ordering key
 	key     string // its idempotency key; "" when it has no valid one
 	reason  fault.Reason
@@ -139,26 +139,12 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 	defer context.AfterFunc(stop, func() { cancelIdle(errStopping) })()
 	p.stopping = stop.Done()
 
-	p.reader = kafka.NewReader(kafka.ReaderConfig{
-		Brokers:         p.c.config.Brokers,
-		Topic:           p.topic,
-		Partition:       p.id,
-		Dialer:          p.c.dialer,
-		QueueCapacity:   min(p.c.config.MaxInFlight, p.c.config.BatchSize),
-		MaxWait:         fetchMaxWait,
-		ReadLagInterval: -1,
-		Logger:          kafkaLogger(p.log, slog.LevelDebug),
-		ErrorLogger:     kafkaErrorLogger(p.log),
-	})
-	defer func() {
-		if err := p.reader.Close(); err != nil {
-			p.log.Warn("cannot close the partition's reader", "error", err)
-		}
-	}()
-	if err := p.reader.SetOffset(p.offset); err != nil {
-		p.log.Error("cannot seek the partition's reader", "offset", p.offset, "error", err)
+	reader, err := p.c.newReader(p.topic, p.id, p.offset, p.log)
+	if err != nil {
+		p.log.Error("cannot read the partition", "offset", offsetAttr(p.offset), "error", err)
 		return
 	}
+	defer reader.close()
 	if p.c.config.Ordering == ByKey {
 		stopRetrier, err := p.startRetrier(idle, work)
 		if err != nil {
@@ -174,9 +160,9 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 	p.log.Info("consuming the partition", "offset", offsetAttr(p.offset), "transactions", transactions.String(),
 		"ordering", p.c.config.Ordering.String())
 
-	fetched := make(chan kafka.Message, p.c.config.MaxInFlight)
+	fetched := make(chan record, p.c.config.MaxInFlight)
 	var fetcher sync.WaitGroup
-	fetcher.Go(func() { p.fetch(idle, fetched) })
+	fetcher.Go(func() { p.fetch(idle, reader, fetched) })
 	p.loop(work, idle, fetched)
 	cancelIdle(nil)
 	fetcher.Wait()
@@ -190,7 +176,7 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 }
 
 // loop runs the partition's steps until it is drained: idle is done and nothing is in flight.
-func (p *partition) loop(work, idle context.Context, fetched <-chan kafka.Message) {
+func (p *partition) loop(work, idle context.Context, fetched <-chan record) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -226,8 +212,8 @@ func (p *partition) step(work, idle context.Context, draining bool) (wake time.D
 // await waits for news and takes it in: a fetched message (and whatever else was fetched), a
 // dispatch's result, a slot of the route freed while a message wants one, the alarm, or idle's end.
 // Draining, only results and the alarm count.
-func (p *partition) await(work, idle context.Context, fetched <-chan kafka.Message, draining bool, alarm <-chan time.Time) {
-	var in <-chan kafka.Message
+func (p *partition) await(work, idle context.Context, fetched <-chan record, draining bool, alarm <-chan time.Time) {
+	var in <-chan record
 	var idleDone, slot <-chan struct{}
 	if !draining {
 		in, idleDone = fetched, idle.Done()
@@ -236,8 +222,8 @@ func (p *partition) await(work, idle context.Context, fetched <-chan kafka.Messa
 		}
 	}
 	select {
-	case m := <-in:
-		p.add(work, m)
+	case r := <-in:
+		p.add(work, r)
 		p.addMore(work, fetched)
 	case s := <-p.settled:
 		p.settle(s)

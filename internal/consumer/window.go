@@ -31,6 +31,16 @@ func (w *window) add(e *entry) {
 	w.waiting++
 }
 
+// pass takes a transaction's marker into the window, finished: it is never handled, and a commit
+// after it covers it (and the aborted records before it).
+func (w *window) pass(e *entry) {
+	e.started, e.done = true, true
+	w.entries = append(w.entries, e)
+	if w.done == len(w.entries)-1 {
+		w.done++
+	}
+}
+
 // startable yields, in offset order and before barrier (the first offset that may not start with
 // the others, see crashGuard.barrier), the messages that may start now: those not started whose
 // ordering key has nothing in flight. It looks at each message as it reaches it, so a message

@@ -18,8 +18,9 @@ import (
 
 // Floor is a small Kafka proxy in front of one broker that holds every request to the versions an
 // Apache Kafka 4.1 broker serves (see Kafka41), as 4.1 does: an ApiVersions request of a version it
-// does not serve is answered UNSUPPORTED_VERSION with ApiVersions' own range (KIP-511), any other
-// request outside the ranges has its connection closed. Its ApiVersions answers advertise 4.1's
+// does not serve is answered UNSUPPORTED_VERSION with ApiVersions' own range (KIP-511; one above
+// 4.1's is a newer client's first question, not outside), any other request outside the ranges has
+// its connection closed. Its ApiVersions answers advertise 4.1's
 // ranges (within what the broker behind implements). It records every request it passed, by client
 // ID, API key and version, and can refuse an API on demand.
 //
@@ -242,6 +243,12 @@ type request struct {
 // handle serves one request and reports whether the connection stays open.
 func (f *Floor) handle(client, broker net.Conn, req *request) bool {
 	if r, ok := kafka41[req.Key]; !ok || req.Version < r.Min || req.Version > r.Max {
+		if req.Key == apiVersionsKey && ok && req.Version > r.Max {
+			// A client newer than the broker asks ApiVersions at its own version first and is
+			// told which to use (KIP-511), as franz-go and the Java client do: served, not outside.
+			f.record(f.served, req.Request)
+			return write(client, unsupportedAPIVersions(req.corr))
+		}
 		f.record(f.outside, req.Request)
 		if req.Key == apiVersionsKey {
 			return write(client, unsupportedAPIVersions(req.corr))

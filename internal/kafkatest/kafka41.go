@@ -132,7 +132,8 @@ func advertised41(key int16) (VersionRange, bool) {
 
 // VersionTable renders requests as a Markdown table, one row per API in key order: the versions
 // sent, the client IDs that sent them, and the versions Kafka 4.1 serves. A version outside those
-// is marked "(outside)".
+// is marked "(outside)"; an ApiVersions above them, a newer client's first question (KIP-511),
+// "(negotiated)".
 func VersionTable(reqs []Request) string {
 	type row struct {
 		versions []int16
@@ -161,7 +162,10 @@ func VersionTable(reqs []Request) string {
 		var versions []string
 		for _, v := range rw.versions {
 			s := fmt.Sprint(v)
-			if !ok || v < served.Min || v > served.Max {
+			switch {
+			case ok && key == apiVersionsKey && v > served.Max:
+				s += " (negotiated)"
+			case !ok || v < served.Min || v > served.Max:
 				s += " (outside)"
 			}
 			versions = append(versions, s)

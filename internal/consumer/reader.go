@@ -1,0 +1,189 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	kafkasasl "github.com/segmentio/kafka-go/sasl"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+)
+
+// The read path. A partition's records are read with franz-go's kgo, read_committed, as the Java
+// client reads them: a record of a transaction its producer aborted is never handed over, a record
+// of a transaction still open waits for its commit (the fetch stops at the last stable offset), and
+// the markers a transactional producer writes after each transaction are never taken for messages.
+// kafka-go cannot (segmentio/kafka-go#1332: its Reader hands over aborted records and markers as
+// messages, and its IsolationLevel changes nothing), so kafka-go keeps the group membership, the
+// offset commits and the dead-letter writer, and kgo reads; its records become kafka.Message here,
+// at the fetch boundary, so the rest of the pipeline and the public API are unchanged.
+
+// record is what a partition's reader hands over: a message, or a transaction's marker, which is
+// never handled but lets the commit move past it (so that a partition whose last record is a marker
+// has no lag).
+type record struct {
+	msg    kafka.Message
+	marker bool
+}
+
+// reader reads one partition from an offset on, committed records only. It belongs to the
+// partition's fetcher goroutine.
+type reader struct {
+	client    *kgo.Client
+	topic     string
+	partition int32
+	records   []*kgo.Record // fetched and not handed over yet
+	err       error         // the partition's error, handed over once records are
+}
+
+// newReader returns a reader of topic's partition from offset: an offset, or kafka.FirstOffset or
+// kafka.LastOffset. It connects lazily: an unreachable broker is a fetch error, not an error here.
+func (c *Consumer) newReader(topic string, partition int, offset int64, log *slog.Logger) (*reader, error) {
+	at := kgo.NewOffset().At(offset)
+	switch offset {
+	case kafka.FirstOffset:
+		at = kgo.NewOffset().AtStart()
+	case kafka.LastOffset:
+		at = kgo.NewOffset().AtEnd()
+	}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(c.config.Brokers...),
+		kgo.ClientID(c.config.ClientID),
+		kgo.DialTimeout(10 * time.Second),
+		kgo.WithLogger(kgoLogger(log)),
+		kgo.DisableClientMetrics(), // the worker's metrics are its own (/metrics), not the broker's
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {int32(partition): at}}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
+		// An offset out of the log is the partition's to decide on (see reposition), never skipped
+		// in silence.
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
+		kgo.FetchMaxWait(fetchMaxWait),
+	}
+	if c.config.TLS != nil {
+		opts = append(opts, kgo.DialTLSConfig(c.config.TLS))
+	}
+	if c.config.SASL != nil {
+		opts = append(opts, kgo.SASL(saslMechanism{c.config.SASL}))
+	}
+	client, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("read %s/%d: %w", topic, partition, err)
+	}
+	return &reader{client: client, topic: topic, partition: int32(partition)}, nil
+}
+
+// next returns the partition's next record, waiting for one until ctx is done. An error is the
+// partition's (an offset out of range, a topic deleted, not authorised), or ctx's.
+func (r *reader) next(ctx context.Context) (record, error) {
+	for len(r.records) == 0 {
+		if err := r.err; err != nil {
+			r.err = nil
+			return record{}, err
+		}
+		fetches := r.client.PollRecords(ctx, 0)
+		if err := ctx.Err(); err != nil {
+			return record{}, err
+		}
+		fetches.EachError(func(_ string, _ int32, err error) { r.err = cmpError(r.err, err) })
+		r.records = fetches.Records()
+	}
+	rec := r.records[0]
+	r.records[0] = nil
+	r.records = r.records[1:]
+	return record{msg: message(rec), marker: rec.Attrs.IsControl()}, nil
+}
+
+// cmpError keeps the first error of a fetch.
+func cmpError(first, err error) error {
+	if first != nil {
+		return first
+	}
+	return err
+}
+
+// close closes the reader's connections.
+func (r *reader) close() { r.client.Close() }
+
+// message is rec as the rest of the pipeline takes it.
+func message(rec *kgo.Record) kafka.Message {
+	m := kafka.Message{
+		Topic:     rec.Topic,
+		Partition: int(rec.Partition),
+		Offset:    rec.Offset,
+		Key:       rec.Key,
+		Value:     rec.Value,
+		Time:      rec.Timestamp,
+	}
+	if len(rec.Headers) > 0 {
+		m.Headers = make([]kafka.Header, len(rec.Headers))
+		for i, h := range rec.Headers {
+			m.Headers[i] = kafka.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	return m
+}
+
+// saslMechanism is a kafka-go SASL mechanism (Config.SASL) as franz-go's clients take one.
+type saslMechanism struct{ m kafkasasl.Mechanism }
+
+func (s saslMechanism) Name() string { return s.m.Name() }
+
+func (s saslMechanism) Authenticate(ctx context.Context, hostport string) (sasl.Session, []byte, error) {
+	host, port, err := net.SplitHostPort(hostport)
+	if err == nil {
+		n, _ := strconv.Atoi(port)
+		ctx = kafkasasl.WithMetadata(ctx, &kafkasasl.Metadata{Host: host, Port: n})
+	}
+	machine, first, err := s.m.Start(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return saslSession{ctx: ctx, machine: machine}, first, nil
+}
+
+type saslSession struct {
+	ctx     context.Context
+	machine kafkasasl.StateMachine
+}
+
+func (s saslSession) Challenge(challenge []byte) (bool, []byte, error) {
+	return s.machine.Next(s.ctx, challenge)
+}
+
+// kgoLogger adapts slog to franz-go's Logger: its warnings and errors at warn, each message said
+// once, then at most once a minute with how often since; the rest at debug.
+func kgoLogger(log *slog.Logger) kgo.Logger {
+	return &kgoLog{log: log.With("component", "franz-go"), said: &repeats{interval: repeatInterval}}
+}
+
+type kgoLog struct {
+	log  *slog.Logger
+	said *repeats
+}
+
+func (l *kgoLog) Level() kgo.LogLevel {
+	if l.log.Enabled(context.Background(), slog.LevelDebug) {
+		return kgo.LogLevelDebug
+	}
+	return kgo.LogLevelWarn
+}
+
+func (l *kgoLog) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	ctx := context.Background()
+	if level > kgo.LogLevelWarn {
+		l.log.DebugContext(ctx, msg, keyvals...)
+		return
+	}
+	if ok, since := l.said.say(msg, time.Now()); ok {
+		if since > 0 {
+			keyvals = append(keyvals, "repeated", since)
+		}
+		l.log.WarnContext(ctx, msg, keyvals...)
+	}
+}
