@@ -8,9 +8,11 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// fetch fetches the partition's messages into out until ctx is done, never more than MaxInFlight
-// ahead of the commit.
+// fetch fetches the partition's messages into out with reader until ctx is done, never more than
+// MaxInFlight ahead of the commit. When the reader's position leaves the log, it reads on from where
+// reposition says, after a rewind record if that goes back.
 func (p *partition) fetch(ctx context.Context, reader *reader, out chan<- record) {
+	defer func() { reader.close() }()
 	for {
 		select {
 		case p.room <- struct{}{}:
@@ -18,12 +20,28 @@ func (p *partition) fetch(ctx context.Context, reader *reader, out chan<- record
 			return
 		}
 		r, err := reader.next(ctx)
-		if err != nil {
-			<-p.room
-			if ctx.Err() != nil {
-				return // a cancelled FetchMessage loses no message
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return // a cancelled fetch loses no message
+		case leftTheLog(err):
+			next, back := p.reposition(ctx, reader, err)
+			if next == nil {
+				return
 			}
-			p.log.Warn("cannot fetch from the partition; retrying", "error", err)
+			reader.close()
+			reader = next
+			if back {
+				out <- record{rewind: true} // it holds the room taken above
+			} else {
+				<-p.room
+			}
+			continue
+		default:
+			<-p.room
+			if ok, since := p.fetchWarnings.say("fetch", time.Now()); ok {
+				p.log.Warn("cannot fetch from the partition; retrying", "error", err, "repeated", since)
+			}
 			if p.sleep(ctx, time.Second) != nil {
 				return
 			}
@@ -39,6 +57,10 @@ func (p *partition) fetch(ctx context.Context, reader *reader, out chan<- record
 // add takes a fetched record into the window: a message with its keys, or a transaction's marker,
 // finished as it comes.
 func (p *partition) add(ctx context.Context, r record) {
+	if r.rewind {
+		p.rewinding = true // see rewind
+		return
+	}
 	m := r.msg
 	if p.committed < 0 {
 		p.committed = m.Offset // the partition starts here: what came before is not this run's
@@ -72,7 +94,7 @@ func orderingKey(ordering Ordering, m kafka.Message, key string, keyErr error) s
 
 // addMore takes in whatever else was fetched already, so that one schedule covers it all.
 func (p *partition) addMore(ctx context.Context, fetched <-chan record) {
-	for p.window.inFlight() < p.c.config.MaxInFlight {
+	for p.window.inFlight() < p.c.config.MaxInFlight && !p.rewinding {
 		select {
 		case r := <-fetched:
 			p.add(ctx, r)

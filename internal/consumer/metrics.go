@@ -24,6 +24,9 @@ type Metrics struct {
 	Oldest *prometheus.GaugeVec   // inboxworker_parked_oldest_seconds{topic}
 	Paused *prometheus.GaugeVec   // inboxworker_route_paused{topic,reason}
 	Pauses *prometheus.CounterVec // inboxworker_route_pauses_total{topic,reason}
+	// Skipped counts the records deleted from a partition before the group read them (see
+	// reposition.go).
+	Skipped *prometheus.CounterVec // inboxworker_records_skipped_total{topic}
 	// CommitFailures counts the offset commits that failed (see commit.go).
 	CommitFailures *prometheus.CounterVec // inboxworker_offset_commit_failures_total{topic}
 	// The route gates' slots and pace (see gate.go).
@@ -83,12 +86,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		RateWaits: newCounter("inboxworker_route_rate_waits_total",
 			"Calls of the topic's route that waited for their turn under its rate limit before they went out.",
 			"topic"),
+		Skipped: newCounter("inboxworker_records_skipped_total",
+			"Records of the topic deleted before the group read them (retention, or DeleteRecords, took them first): never handled, never dead-lettered; the log names each range.",
+			"topic"),
 		CommitFailures: newCounter("inboxworker_offset_commit_failures_total",
 			"Offset commits of the topic's partitions that failed (the broker refused them, or the connection closed): messages since the last commit will be delivered again.",
 			"topic"),
 	}
 	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag, m.Stalled, m.DeadLettersStored, m.Parked, m.Oldest,
-		m.Paused, m.Pauses, m.ConcurrencyLimit, m.RateLimit, m.RateWaits, m.CommitFailures, m.Owner, m.Assigned)
+		m.Paused, m.Pauses, m.ConcurrencyLimit, m.RateLimit, m.RateWaits, m.CommitFailures, m.Skipped, m.Owner, m.Assigned)
 	return m
 }
 
@@ -122,6 +128,7 @@ func (m *Metrics) initSeries(topics []string) {
 		m.Parked.WithLabelValues(topic)
 		m.Oldest.WithLabelValues(topic)
 		m.CommitFailures.WithLabelValues(topic)
+		m.Skipped.WithLabelValues(topic)
 		m.ConcurrencyLimit.WithLabelValues(topic)
 		m.RateLimit.WithLabelValues(topic)
 		m.RateWaits.WithLabelValues(topic)
@@ -279,4 +286,12 @@ func (m *Metrics) commitFailed(topic string) {
 		return
 	}
 	m.CommitFailures.WithLabelValues(topic).Inc()
+}
+
+// skipped counts n records of topic deleted before the group read them.
+func (m *Metrics) skipped(topic string, n int64) {
+	if m == nil {
+		return
+	}
+	m.Skipped.WithLabelValues(topic).Add(float64(n))
 }

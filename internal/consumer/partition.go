@@ -67,6 +67,11 @@ type partition struct {
 	commitFailures int
 	commitWarnings repeats
 	guard          crashGuard
+	// rewinding: the fetcher reads another log now, at lower offsets (reposition.go); nothing
+	// starts or commits until the window's dispatches have settled and it is dropped.
+	rewinding bool
+	// fetchWarnings says a failing fetch once, then once a minute.
+	fetchWarnings repeats
 }
 
 // entry is one fetched message, from its fetch to the commit that covers it.
@@ -118,6 +123,7 @@ func (c *Consumer) newPartition(route *route, a kafka.PartitionAssignment, gen *
 		committed:      -1,
 		failedCommit:   -1,
 		commitWarnings: repeats{interval: repeatInterval},
+		fetchWarnings:  repeats{interval: repeatInterval},
 	}
 	p.guard = newCrashGuard(p)
 	return p
@@ -139,12 +145,6 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 	defer context.AfterFunc(stop, func() { cancelIdle(errStopping) })()
 	p.stopping = stop.Done()
 
-	reader, err := p.c.newReader(p.topic, p.id, p.offset, p.log)
-	if err != nil {
-		p.log.Error("cannot read the partition", "offset", offsetAttr(p.offset), "error", err)
-		return
-	}
-	defer reader.close()
 	if p.c.config.Ordering == ByKey {
 		stopRetrier, err := p.startRetrier(idle, work)
 		if err != nil {
@@ -160,6 +160,11 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 	p.log.Info("consuming the partition", "offset", offsetAttr(p.offset), "transactions", transactions.String(),
 		"ordering", p.c.config.Ordering.String())
 
+	reader, err := p.c.newReader(p.topic, p.id, p.offset, p.log) // the fetcher's, which closes it
+	if err != nil {
+		p.log.Error("cannot read the partition", "offset", offsetAttr(p.offset), "error", err)
+		return
+	}
 	fetched := make(chan record, p.c.config.MaxInFlight)
 	var fetcher sync.WaitGroup
 	fetcher.Go(func() { p.fetch(idle, reader, fetched) })
@@ -181,6 +186,9 @@ func (p *partition) loop(work, idle context.Context, fetched <-chan record) {
 	defer timer.Stop()
 	for {
 		draining := idle.Err() != nil
+		if p.rewinding && p.running == 0 && !draining {
+			p.rewind(work)
+		}
 		wake := p.step(work, idle, draining)
 		if draining && p.running == 0 {
 			return
@@ -197,6 +205,9 @@ func (p *partition) loop(work, idle context.Context, fetched <-chan record) {
 // step starts what may start (unless draining) and commits what is due, and says when to look
 // again: 0 when only news can change anything.
 func (p *partition) step(work, idle context.Context, draining bool) (wake time.Duration) {
+	if p.rewinding {
+		return 0 // what settles is of the log left behind: nothing more starts, nothing commits
+	}
 	if !draining {
 		wake = p.schedule(work, idle)
 	}
@@ -216,7 +227,10 @@ func (p *partition) await(work, idle context.Context, fetched <-chan record, dra
 	var in <-chan record
 	var idleDone, slot <-chan struct{}
 	if !draining {
-		in, idleDone = fetched, idle.Done()
+		idleDone = idle.Done()
+		if !p.rewinding {
+			in = fetched
+		}
 		if p.wantsSlot {
 			slot = p.route.gate.slots.changed()
 		}

@@ -29,6 +29,9 @@ import (
 type record struct {
 	msg    kafka.Message
 	marker bool
+	// rewind, alone, says that the records after it are of another log, at lower offsets (see
+	// reposition.go): what the window holds is to be dropped.
+	rewind bool
 }
 
 // reader reads one partition from an offset on, committed records only. It belongs to the
@@ -39,6 +42,9 @@ type reader struct {
 	partition int32
 	records   []*kgo.Record // fetched and not handed over yet
 	err       error         // the partition's error, handed over once records are
+	// position is the next offset to read: after the last record handed over, else the offset the
+	// reader started at; -1 for the first or the last offset, not known yet.
+	position int64
 }
 
 // newReader returns a reader of topic's partition from offset: an offset, or kafka.FirstOffset or
@@ -64,6 +70,10 @@ func (c *Consumer) newReader(topic string, partition int, offset int64, log *slo
 		// in silence.
 		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 		kgo.FetchMaxWait(fetchMaxWait),
+		// A fetch that failed is tried again after 100ms, doubling to 1s: a topic deleted and
+		// created again is known after five (UNKNOWN_TOPIC_ID), in about 2.5s rather than kgo's
+		// default 250ms doubling to 5s, about 12s.
+		kgo.RetryBackoffFn(retryBackoff),
 	}
 	if c.config.TLS != nil {
 		opts = append(opts, kgo.DialTLSConfig(c.config.TLS))
@@ -75,7 +85,7 @@ func (c *Consumer) newReader(topic string, partition int, offset int64, log *slo
 	if err != nil {
 		return nil, fmt.Errorf("read %s/%d: %w", topic, partition, err)
 	}
-	return &reader{client: client, topic: topic, partition: int32(partition)}, nil
+	return &reader{client: client, topic: topic, partition: int32(partition), position: max(offset, -1)}, nil
 }
 
 // next returns the partition's next record, waiting for one until ctx is done. An error is the
@@ -96,7 +106,13 @@ func (r *reader) next(ctx context.Context) (record, error) {
 	rec := r.records[0]
 	r.records[0] = nil
 	r.records = r.records[1:]
+	r.position = rec.Offset + 1
 	return record{msg: message(rec), marker: rec.Attrs.IsControl()}, nil
+}
+
+// retryBackoff is how long a reader waits before it tries again after fails failures in a row.
+func retryBackoff(fails int) time.Duration {
+	return min(100*time.Millisecond<<min(max(fails-1, 0), 4), time.Second)
 }
 
 // cmpError keeps the first error of a fetch.
@@ -176,14 +192,18 @@ func (l *kgoLog) Level() kgo.LogLevel {
 
 func (l *kgoLog) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	ctx := context.Background()
+	// franz-go's own attributes in a group of their own: its topic and partition are the
+	// partition's, already on the logger, and a key twice in one record is refused by strict
+	// log ingesters.
+	attrs := []any{slog.Group("franz_go", keyvals...)}
 	if level > kgo.LogLevelWarn {
-		l.log.DebugContext(ctx, msg, keyvals...)
+		l.log.DebugContext(ctx, msg, attrs...)
 		return
 	}
 	if ok, since := l.said.say(msg, time.Now()); ok {
 		if since > 0 {
-			keyvals = append(keyvals, "repeated", since)
+			attrs = append(attrs, "repeated", since)
 		}
-		l.log.WarnContext(ctx, msg, keyvals...)
+		l.log.WarnContext(ctx, msg, attrs...)
 	}
 }

@@ -1,0 +1,84 @@
+package consumer_test
+
+import (
+	"log/slog"
+	"maps"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestRecordsDeletedBeforeRead: retention (here DeleteRecords) took records the group had not read
+// while no worker ran. The partition goes on from its first record, and says which range it skipped,
+// in an ERROR and a counter: those records are lost, and an operator must hear which.
+func TestRecordsDeletedBeforeRead(t *testing.T) {
+	e := setup(t, testMode{}, 1)
+	_, stop := e.start(e.config(&recorder{}))
+	e.produce(keys("read", 4)...)
+	e.waitFor("the first 4 committed", func() bool { return e.committed() == 4 })
+	stop()
+
+	e.produce(keys("late", 6)...) // offsets 4 to 9
+	if err := e.kafka.DeleteRecords(topic, 0, 8); err != nil {
+		t.Fatal(err)
+	}
+	config := e.config(&recorder{})
+	e.start(config)
+	e.waitFor("the partition's end committed", func() bool { return e.committed() == 10 })
+
+	want := map[string]int{"read-0": 1, "read-1": 1, "read-2": 1, "read-3": 1, "late-4": 1, "late-5": 1}
+	if got := e.effects(); !maps.Equal(got, want) {
+		t.Errorf("applied %v, want %v", got, want)
+	}
+	said := e.errors("records were deleted before the group read them (retention, or DeleteRecords): skipping them")
+	if len(said) != 1 || said[0]["first_skipped"] != "4" || said[0]["last_skipped"] != "7" || said[0]["skipped"] != "4" {
+		t.Errorf("logged %v; want one ERROR naming offsets 4 to 7, 4 records", said)
+	}
+	if n := testutil.ToFloat64(config.Metrics.Skipped.WithLabelValues(topic)); n != 4 {
+		t.Errorf("records_skipped_total %v, want 4", n)
+	}
+}
+
+// TestTopicCreatedAgain: the topic is deleted and created again at once, and gets more records than
+// the offset the partition had read to. Its partition is read again from its first record: every
+// record of the new topic applied once, none lost below the old offset, and the ERROR says why.
+func TestTopicCreatedAgain(t *testing.T) {
+	e := setup(t, testMode{}, 1)
+	config := e.config(&recorder{})
+	e.start(config)
+	e.produce(keys("old", 5)...)
+	e.waitFor("the old topic's records committed", func() bool { return e.committed() == 5 })
+
+	if err := e.kafka.DeleteTopic(topic); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.kafka.CreateTopic(topic, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.produce(keys("new", 8)...) // offsets 0 to 7: past the old topic's 5
+	want := map[string]int{}
+	for _, k := range append(keys("old", 5), keys("new", 8)...) {
+		want[k] = 1
+	}
+	e.waitFor("every record of the new topic applied", func() bool { return maps.Equal(e.effects(), want) })
+	e.waitFor("the new topic's end committed", func() bool { return e.committed() == 8 })
+	if said := e.errors("the topic was deleted and created again: reading its partition from the first record"); len(said) == 0 {
+		t.Error("no ERROR says the topic was created again")
+	}
+}
+
+// errors returns the attributes, as text, of the ERROR records logged with msg.
+func (e *env) errors(msg string) []map[string]string {
+	var out []map[string]string
+	for _, r := range e.logs.All() {
+		if r.Level != slog.LevelError || r.Message != msg {
+			continue
+		}
+		attrs := map[string]string{}
+		for k, v := range r.Attrs {
+			attrs[k] = v.String()
+		}
+		out = append(out, attrs)
+	}
+	return out
+}
