@@ -27,6 +27,7 @@ const (
 // The errors of a message with no idempotency key in any source: its value is not JSON (reason
 // InvalidPayload), is JSON but not an object, or is an object without event_id.
 var (
+	errTombstone = errors.New("empty value (tombstone): nothing to apply")
 	errNotJSON   = errors.New("not valid JSON (and no header Idempotency-Key or X-Idempotent-Key to take the idempotency key from)")
 	errNotObject = errors.New("no idempotency key: no header Idempotency-Key or X-Idempotent-Key, and the value is not a JSON object")
 	errNoKey     = errors.New("no idempotency key: no header Idempotency-Key or X-Idempotent-Key, no JSON field event_id")
@@ -41,8 +42,12 @@ var (
 // otherwise take different ones. In the JSON value, a \u escape of an unpaired UTF-16 surrogate is
 // refused rather than read as U+FFFD, so a U+FFFD in a key is always one the producer wrote. When
 // there is no valid key it returns the reason to dead-letter with: InvalidPayload for a value that
-// is not valid JSON and has no key header, as nothing could be read from it.
+// is not valid JSON and has no key header, as nothing could be read from it, and for an empty value
+// (a tombstone: a delete marker of a compacted topic, never an event to apply), whatever its headers.
 func IdempotencyKey(m kafka.Message) (string, fault.Reason, error) {
+	if len(m.Value) == 0 {
+		return "", fault.InvalidPayload, errTombstone
+	}
 	for _, name := range []string{keyHeader, fallbackKeyHeader} {
 		key, err := headerKey(m.Headers, name)
 		if err != nil {

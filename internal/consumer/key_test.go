@@ -43,6 +43,9 @@ var keyTests = []struct {
 	{"NullEventID", msgWith(`{"event_id":null}`, "", ""), "", fault.MissingIdempotencyKey},
 	// A value that is not JSON has no field to miss: it is a bad payload, however it mentions event_id.
 	{"NotJSON", msgWith(`event_id=e`, "", ""), "", fault.InvalidPayload},
+	// A tombstone is nothing to apply, whatever its headers say.
+	{"Tombstone", msgWith(``, "", ""), "", fault.InvalidPayload},
+	{"TombstoneWithKeyHeader", msgWith(``, "Idempotency-Key", "h"), "", fault.InvalidPayload},
 	{"EmptyValue", msgWith(``, "", ""), "", fault.InvalidPayload},
 	{"TrailingGarbage", msgWith(`{"event_id":"e"} x`, "", ""), "", fault.InvalidPayload},
 	{"TrailingComma", msgWith(`{"event_id":"e",}`, "", ""), "", fault.InvalidPayload},
@@ -116,6 +119,7 @@ func TestIdempotencyKeyErrors(t *testing.T) {
 		{`{"event_id":"e",}`, "not valid JSON (and no header Idempotency-Key or X-Idempotent-Key to take the idempotency key from)"},
 		{`{"id":"e"}`, "no idempotency key: no header Idempotency-Key or X-Idempotent-Key, no JSON field event_id"},
 		{`[{"event_id":"e"}]`, "no idempotency key: no header Idempotency-Key or X-Idempotent-Key, and the value is not a JSON object"},
+		{``, "empty value (tombstone): nothing to apply"},
 	} {
 		_, _, err := consumer.IdempotencyKey(msgWith(tt.value, "", ""))
 		if err == nil || err.Error() != tt.want {

@@ -16,13 +16,16 @@ import (
 )
 
 // lagReporter keeps, for every partition of the consumed topics, the consumer_lag gauge (the
-// partition's end offset less the group's committed offset, or less its first offset while nothing
-// is committed) and the consumer_stalled_seconds gauge, owned by this member or not. A partition
+// partition's last stable offset, its end as a read_committed consumer reads it, less the group's
+// committed offset, or less its first offset while nothing is committed), the
+// consumer_stalled_seconds gauge and the consumer_transaction_open_seconds gauge (how long a
+// transaction left open upstream has held the partition), owned by this member or not. A partition
 // held by a member that does not consume it (a hung process that still heartbeats) is the one an
 // operator most needs to see, and no owner would report it.
 //
-// Every instance reports the same group-level figures: four small requests per LagInterval
-// (metadata, the group's committed offsets, the end offsets, the group's description), whatever the
+// Every instance reports the same group-level figures: five small requests per LagInterval
+// (metadata, the group's committed offsets, the end offsets read_uncommitted and read_committed,
+// the group's description), whatever the
 // number of instances, and no election to lose or to get wrong during the very rebalances and hangs
 // the gauges are for. Queries aggregate with max by (topic, partition).
 //
@@ -57,6 +60,10 @@ type topicPartition struct {
 type progress struct {
 	committed int64     // the committed offset last seen; -1 for none
 	since     time.Time // when it last moved, or the partition last had no lag
+	// stable is the last stable offset last seen; stableSince, when it last moved or was the end
+	// of the partition (no transaction open).
+	stable      int64
+	stableSince time.Time
 }
 
 func newLagReporter(c *Consumer) *lagReporter {
@@ -102,17 +109,23 @@ func (l *lagReporter) refresh(ctx context.Context, now time.Time) error {
 			ends[t.Name] = append(ends[t.Name], kafka.FirstOffsetOf(p.ID), kafka.LastOffsetOf(p.ID))
 		}
 	}
-	offsets := &kafka.ListOffsetsResponse{}
+	offsets, stable := &kafka.ListOffsetsResponse{}, &kafka.ListOffsetsResponse{}
 	committed := make(map[topicPartition]int64)
 	if len(partitions) > 0 { // an empty OffsetFetch would ask for every topic of the group
 		if committed, err = l.committed(ctx, partitions); err != nil {
 			return err
 		}
+		// The end offsets as a read_uncommitted consumer sees them (the high watermark) and as
+		// the worker reads, read_committed (the last stable offset): below the high watermark
+		// while a transaction is open.
 		if offsets, err = l.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: ends}); err != nil {
 			return fmt.Errorf("list offsets: %w", err)
 		}
+		if stable, err = l.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: ends, IsolationLevel: kafka.ReadCommitted}); err != nil {
+			return fmt.Errorf("list the last stable offsets: %w", err)
+		}
 	}
-	present := l.setLag(offsets, committed, now)
+	present := l.setLag(offsets, stable, committed, now)
 	for tp := range l.seen {
 		if !present[tp] && !listed(partitions, tp) {
 			delete(l.seen, tp)
@@ -127,8 +140,18 @@ func (l *lagReporter) refresh(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// setLag sets the lag and stall gauges of every partition offsets lists, and returns them.
-func (l *lagReporter) setLag(offsets *kafka.ListOffsetsResponse, committed map[topicPartition]int64, now time.Time) map[topicPartition]bool {
+// setLag sets the lag, stall and open-transaction gauges of every partition offsets (the high
+// watermarks) and stable (the last stable offsets) list, and returns them. Lag is counted to the
+// last stable offset: records of a transaction still open are not there to read yet.
+func (l *lagReporter) setLag(offsets, stable *kafka.ListOffsetsResponse, committed map[topicPartition]int64, now time.Time) map[topicPartition]bool {
+	lso := make(map[topicPartition]int64)
+	for topic, pos := range stable.Topics {
+		for _, po := range pos {
+			if po.Error == nil {
+				lso[topicPartition{topic, po.Partition}] = po.LastOffset
+			}
+		}
+	}
 	present := make(map[topicPartition]bool)
 	for topic, pos := range offsets.Topics {
 		for _, po := range pos {
@@ -145,16 +168,23 @@ func (l *lagReporter) setLag(offsets *kafka.ListOffsetsResponse, committed map[t
 			if c >= 0 {
 				next = c
 			}
-			lag := max(po.LastOffset-next, 0)
+			end, ok := lso[tp]
+			if !ok {
+				end = po.LastOffset
+			}
+			lag := max(end-next, 0)
 			pr := l.seen[tp]
 			if pr == nil {
-				pr = &progress{committed: c, since: now}
+				pr = &progress{committed: c, since: now, stable: end, stableSince: now}
 				l.seen[tp] = pr
 			}
 			if c != pr.committed || lag == 0 {
 				pr.committed, pr.since = c, now
 			}
-			l.c.metrics.setLag(topic, po.Partition, lag, now.Sub(pr.since))
+			if end != pr.stable || end >= po.LastOffset {
+				pr.stable, pr.stableSince = end, now
+			}
+			l.c.metrics.setLag(topic, po.Partition, lag, now.Sub(pr.since), now.Sub(pr.stableSince))
 		}
 	}
 	return present

@@ -16,6 +16,9 @@ type Metrics struct {
 	Handle   *prometheus.HistogramVec // inboxworker_handle_seconds{topic}
 	Lag      *prometheus.GaugeVec     // inboxworker_consumer_lag{topic,partition}
 	Stalled  *prometheus.GaugeVec     // inboxworker_consumer_stalled_seconds{topic,partition}
+	// TransactionOpen is how long a transaction left open upstream has held the partition (see
+	// lag.go).
+	TransactionOpen *prometheus.GaugeVec // inboxworker_consumer_transaction_open_seconds{topic,partition}
 	// DeadLettersStored counts the dead letters their topic refused for good, kept in Postgres
 	// (each is counted in Messages as dead_lettered too).
 	DeadLettersStored *prometheus.CounterVec // inboxworker_dead_letters_stored_total{topic}
@@ -56,6 +59,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Stalled: newGauge("inboxworker_consumer_stalled_seconds",
 			"How long the group's committed offset of the partition has not moved while the partition has lag, as seen by this instance; 0 without lag.",
 			"topic", "partition"),
+		TransactionOpen: newGauge("inboxworker_consumer_transaction_open_seconds",
+			"How long the partition's last stable offset has stayed put below its end: a producer's transaction left open holds the partition, for every read_committed consumer, until it commits or aborts; 0 when none is open.",
+			"topic", "partition"),
 		DeadLettersStored: newCounter("inboxworker_dead_letters_stored_total",
 			"Dead letters their dead-letter topic refused for good (too large, not authorised), kept in the table dead_letters for worker replay, by source topic.",
 			"topic"),
@@ -93,7 +99,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Offset commits of the topic's partitions that failed (the broker refused them, or the connection closed): messages since the last commit will be delivered again.",
 			"topic"),
 	}
-	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag, m.Stalled, m.DeadLettersStored, m.Parked, m.Oldest,
+	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag, m.Stalled, m.TransactionOpen, m.DeadLettersStored, m.Parked, m.Oldest,
 		m.Paused, m.Pauses, m.ConcurrencyLimit, m.RateLimit, m.RateWaits, m.CommitFailures, m.Skipped, m.Owner, m.Assigned)
 	return m
 }
@@ -176,13 +182,14 @@ func (m *Metrics) retried(topic string) {
 	m.Retries.WithLabelValues(topic).Inc()
 }
 
-func (m *Metrics) setLag(topic string, partition int, lag int64, stalled time.Duration) {
+func (m *Metrics) setLag(topic string, partition int, lag int64, stalled, transactionOpen time.Duration) {
 	if m == nil {
 		return
 	}
 	p := strconv.Itoa(partition)
 	m.Lag.WithLabelValues(topic, p).Set(float64(lag))
 	m.Stalled.WithLabelValues(topic, p).Set(stalled.Seconds())
+	m.TransactionOpen.WithLabelValues(topic, p).Set(transactionOpen.Seconds())
 }
 
 // deleteLag forgets a partition that is no longer consumed (its topic was deleted).
@@ -193,6 +200,7 @@ func (m *Metrics) deleteLag(topic string, partition int) {
 	p := strconv.Itoa(partition)
 	m.Lag.DeleteLabelValues(topic, p)
 	m.Stalled.DeleteLabelValues(topic, p)
+	m.TransactionOpen.DeleteLabelValues(topic, p)
 }
 
 // setPaused sets the route_paused gauge of topic for reason.

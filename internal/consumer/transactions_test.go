@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -57,10 +58,16 @@ func TestTransactions(t *testing.T) {
 
 // TestTransactionHeldOpen: a record of a transaction still open is not handled, nor anything after
 // it in its partition (the last stable offset holds the partition, as for every read_committed
-// consumer), until its transaction commits; then each is applied once.
+// consumer), until its transaction commits; then each is applied once. Meanwhile the lag, counted to
+// the last stable offset, is 0, and the open-transaction gauge says how long the partition has been
+// held; both are 0 once the transaction commits and its records are read.
 func TestTransactionHeldOpen(t *testing.T) {
 	e := setup(t, testMode{}, 1)
-	e.start(e.config(&recorder{}))
+	config := e.config(&recorder{})
+	config.LagInterval = 50 * time.Millisecond
+	e.start(config)
+	lag := func() float64 { return testutil.ToFloat64(config.Metrics.Lag.WithLabelValues(topic, "0")) }
+	open := func() float64 { return testutil.ToFloat64(config.Metrics.TransactionOpen.WithLabelValues(topic, "0")) }
 
 	e.produce("before")
 	e.waitFor("the message before the transaction applied", func() bool { return e.effects()["before"] == 1 })
@@ -69,9 +76,9 @@ func TestTransactionHeldOpen(t *testing.T) {
 	upstream.Produce(topic, messages("open")...)
 	e.produce("after")
 
-	// However long it waits, nothing of the open transaction nor after it may be applied: a wait
-	// that a busy machine stretches only leaves less of it seen.
-	time.Sleep(time.Second)
+	e.waitFor("the partition seen held by the open transaction for a second, with no lag", func() bool {
+		return open() >= 1 && lag() == 0
+	})
 	if got := e.effects(); got["open"] != 0 || got["after"] != 0 {
 		t.Fatalf("applied %v while the transaction was open; want only before", got)
 	}
@@ -79,7 +86,9 @@ func TestTransactionHeldOpen(t *testing.T) {
 	want := map[string]int{"before": 1, "open": 1, "after": 1}
 	e.waitFor("the transaction's record and the one after it applied", func() bool { return maps.Equal(e.effects(), want) })
 	end := e.endOffset()
-	e.waitFor("the committed offset at the partition's end", func() bool { return e.committed() == end })
+	e.waitFor("the committed offset at the partition's end, no lag and no transaction open", func() bool {
+		return e.committed() == end && lag() == 0 && open() == 0
+	})
 }
 
 // endOffset is the end offset of topic's partition 0.
