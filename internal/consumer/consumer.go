@@ -277,9 +277,13 @@ type Consumer struct {
 	// deadLetters keeps the dead letters their topic refused for good.
 	deadLetters *deadletter.Store
 
-	started atomic.Bool
-	ready   atomic.Bool
-	commits commitHealth
+	// shortGenerations counts the generations in a row that ended at once (rejoinDelay).
+	shortGenerations atomic.Int32
+
+	started    atomic.Bool
+	ready      atomic.Bool
+	commits    commitHealth
+	topicState topicState
 
 	// beforeOffsetCommit, when set (by tests only, before Run), runs before each offset commit.
 	beforeOffsetCommit func(topic string, partition int, offset int64)
@@ -507,6 +511,9 @@ func (c *Consumer) NotReady() error {
 	case c.commits.failing():
 		return fmt.Errorf("offset commits have failed for %s, none succeeding", c.config.CommitFailureTimeout)
 	}
+	if missing := c.missingTopics(); len(missing) > 0 {
+		return fmt.Errorf("consumed topics missing, their routes consuming nothing: %s", strings.Join(missing, ", "))
+	}
 	return nil
 }
 
@@ -518,6 +525,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
 		return errors.New("consumer: Run called twice")
 	}
+	c.readCountsBeforeJoin(ctx)
 	group, err := kafka.NewConsumerGroup(c.groupConfig())
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
@@ -600,12 +608,51 @@ func (c *Consumer) startGeneration(stop, hard context.Context, gen *kafka.Genera
 			})
 		}
 	}
-	// Records when the generation ends, to log how long the rebalance took. Not counted in all: it
-	// returns only when the group is closed or rebalanced.
+	gen.Start(c.watchTopics)
+	// Records when the generation ends, to log how long the rebalance took, reads the topics'
+	// partitions before the next join, and holds the join back after generations that ended at
+	// once (the next join waits for it). Not counted in all: it returns only when the group is
+	// closed or rebalanced.
+	began := time.Now()
 	gen.Start(func(genCtx context.Context) {
 		<-genCtx.Done()
 		onEnd()
+		c.readCountsBeforeJoin(stop)
+		if d := c.rejoinDelay(time.Since(began)); d > 0 {
+			c.log.Warn("generations of the consumer group end as soon as they begin; waiting before joining again",
+				"generation", gen.ID, "delay", d)
+			t := time.NewTimer(d)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-stop.Done():
+			}
+		}
 	})
+}
+
+// A generation that lasts less than shortGeneration ended at once. After shortGenerationsFree of
+// them in a row (rolling deploys and partition changes come in small runs), the next join waits
+// shortGenerationDelay, doubling up to maxRejoinDelay: whatever ends them (a partition that cannot
+// start, a broker answering oddly) must not make the group rebalance as fast as it can join.
+const (
+	shortGeneration      = time.Second
+	shortGenerationsFree = 3
+	shortGenerationDelay = 250 * time.Millisecond
+	maxRejoinDelay       = 10 * time.Second
+)
+
+// rejoinDelay returns how long to wait before the next join, after a generation that lasted.
+func (c *Consumer) rejoinDelay(lasted time.Duration) time.Duration {
+	if lasted >= shortGeneration {
+		c.shortGenerations.Store(0)
+		return 0
+	}
+	n := c.shortGenerations.Add(1)
+	if n <= shortGenerationsFree {
+		return 0
+	}
+	return min(shortGenerationDelay<<min(n-shortGenerationsFree-1, 6), maxRejoinDelay)
 }
 
 // cancelAfterShutdownTimeout cancels in-flight work ShutdownTimeout after ctx is cancelled, unless
@@ -636,10 +683,14 @@ func (c *Consumer) groupConfig() kafka.ConsumerGroupConfig {
 		HeartbeatInterval:     min(heartbeatInterval, c.config.SessionTimeout/3),
 		SessionTimeout:        c.config.SessionTimeout,
 		JoinGroupBackoff:      joinGroupBackoff,
-		WatchPartitionChanges: true,
-		StartOffset:           kafka.FirstOffset,
-		Logger:                kafkaLogger(c.log, slog.LevelDebug),
-		ErrorLogger:           kafkaErrorLogger(c.log),
+		WatchPartitionChanges: false, // watchTopics instead (topics.go)
+		GroupBalancers: []kafka.GroupBalancer{ // kafka-go's, each wrapped (topics.go)
+			topicBalancer{kafka.RangeGroupBalancer{}, c},
+			topicBalancer{kafka.RoundRobinGroupBalancer{}, c},
+		},
+		StartOffset: kafka.FirstOffset,
+		Logger:      kafkaLogger(c.log, slog.LevelDebug),
+		ErrorLogger: kafkaErrorLogger(c.log),
 	}
 }
 

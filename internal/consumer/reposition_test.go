@@ -3,9 +3,14 @@ package consumer_test
 import (
 	"log/slog"
 	"maps"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxworker/inboxworker/internal/consumer"
 )
 
 // TestRecordsDeletedBeforeRead: retention (here DeleteRecords) took records the group had not read
@@ -81,4 +86,84 @@ func (e *env) errors(msg string) []map[string]string {
 		out = append(out, attrs)
 	}
 	return out
+}
+
+// TestTopicMissing: two instances consume two topics; one topic is deleted and stays gone for a
+// while. The other route goes on, both instances say the topic is missing (an ERROR, Ready false,
+// naming it), the group does not rebalance over and over meanwhile, and once the topic is created
+// again its records are applied, each once, within seconds.
+func TestTopicMissing(t *testing.T) {
+	t.Parallel()
+	const other = "other"
+	e := setup(t, testMode{}, 2)
+	for _, name := range []string{other, other + ".dlq"} {
+		if err := e.kafka.CreateTopic(name, 2, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var consumers []*consumer.Consumer
+	for range 2 {
+		config := e.config(&recorder{})
+		config.Routes = append(config.Routes, consumer.Route{Topic: other, Name: other, Handler: &recorder{}})
+		c, _ := e.start(config)
+		consumers = append(consumers, c)
+	}
+	ready := func() bool { return consumers[0].Ready() && consumers[1].Ready() }
+	e.waitFor("both instances ready", ready)
+
+	if err := e.kafka.DeleteTopic(other); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("both instances not ready, naming the missing topic", func() bool {
+		for _, c := range consumers {
+			if err := c.NotReady(); err == nil || !strings.Contains(err.Error(), other) {
+				return false
+			}
+		}
+		return true
+	})
+	joins := func() int {
+		n := 0
+		for _, r := range e.logs.All() {
+			if r.Message == "joined a generation of the consumer group" {
+				n++
+			}
+		}
+		return n
+	}
+	joined := joins()
+	e.produce(keys("meanwhile", 10)...)
+	e.waitFor("the other route's records applied while the topic is missing", func() bool {
+		return len(e.effects()) == 10
+	})
+	// Gone for a while: long enough for a storm of rebalances to show (kafka-go's own watcher made
+	// hundreds a second); a slower machine can only make fewer.
+	time.Sleep(3 * time.Second)
+	if n := joins() - joined; n > 4 {
+		t.Errorf("%d generations joined while the topic was missing, want at most 4 (2 instances, a rebalance or two)", n)
+	}
+	if said := e.errors("a consumed topic is missing (deleted, or not created yet): its route consumes nothing until it exists again"); len(said) < 2 {
+		t.Errorf("%d ERRORs say the topic is missing, want one per instance", len(said))
+	}
+
+	for _, name := range []string{other} {
+		if err := e.kafka.CreateTopic(name, 2, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msgs := make([]kafka.Message, 6)
+	for i, k := range keys("back", 6) {
+		msgs[i] = kafka.Message{Key: []byte("order-" + k), Value: eventValue(k, i)}
+	}
+	e.kafka.Produce(t, other, msgs...)
+	back := time.Now()
+	e.waitFor("the created topic's records applied, and both instances ready", func() bool {
+		return len(e.effects()) == 16 && ready()
+	})
+	t.Logf("consumed again %s after the topic was created", time.Since(back).Round(100*time.Millisecond))
+	for k, n := range e.effects() {
+		if n != 1 {
+			t.Errorf("%s applied %d times", k, n)
+		}
+	}
 }
