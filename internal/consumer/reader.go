@@ -70,6 +70,11 @@ func (c *Consumer) newReader(topic string, partition int, offset int64, log *slo
 		// in silence.
 		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 		kgo.FetchMaxWait(fetchMaxWait),
+		// A fetch is decoded whole and kept until the window takes it, a few hundred records at a
+		// time: 256 KiB a partition (kgo's default is 1 MiB) keeps the reader's memory near
+		// kafka-go's, and a larger record still comes whole (KIP-74).
+		kgo.FetchMaxPartitionBytes(fetchMaxBytes),
+		kgo.FetchMaxBytes(fetchMaxBytes),
 		// A fetch that failed is tried again after 100ms, doubling to 1s: a topic deleted and
 		// created again is known after five (UNKNOWN_TOPIC_ID), in about 2.5s rather than kgo's
 		// default 250ms doubling to 5s, about 12s.
@@ -109,6 +114,9 @@ func (r *reader) next(ctx context.Context) (record, error) {
 	r.position = rec.Offset + 1
 	return record{msg: message(rec), marker: rec.Attrs.IsControl()}, nil
 }
+
+// fetchMaxBytes is the most bytes a reader's fetch asks for.
+const fetchMaxBytes = 256 << 10
 
 // retryBackoff is how long a reader waits before it tries again after fails failures in a row.
 func retryBackoff(fails int) time.Duration {
