@@ -12,10 +12,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Partitions is how many partitions each topic of the embedded broker has.
@@ -46,6 +50,9 @@ func Start(ctx context.Context, addr string, topics []string, dlqSuffix string, 
 			c.Close()
 		}
 	}()
+	if err = answerVersionsAsKafka4(ctx, c, b.Addr); err != nil {
+		return nil, fmt.Errorf("start the embedded broker: %w", err)
+	}
 
 	if err = CreateTopics(ctx, b.Addr, topics, dlqSuffix); err != nil {
 		return nil, fmt.Errorf("create the topics of the embedded broker: %w", err)
@@ -94,4 +101,47 @@ func (l kfakeLogger) Logf(level kfake.LogLevel, format string, args ...any) {
 		return
 	}
 	l.logger.LogAttrs(ctx, lvl, "broker: "+fmt.Sprintf(format, args...), slog.String("component", "kfake"))
+}
+
+// answerVersionsAsKafka4 makes c answer ApiVersions as a Kafka 4.x broker does: kfake lists Produce
+// from v3, the first version Kafka 4 serves, but Kafka 4 lists it from v0 (KAFKA-18659), because
+// librdkafka reads a Produce floor above 2 as a broker without the v2 record format and sends gzip,
+// snappy and lz4 uncompressed to it (librdkafka#4956). So that kcat and every librdkafka producer
+// against worker dev send what they send to production, c's own answer, read once here, is given
+// with Produce from v0, at the version each request asks (or, above the broker's, KIP-511's
+// UNSUPPORTED_VERSION with ApiVersions' own range).
+func answerVersionsAsKafka4(ctx context.Context, c *kfake.Cluster, addr string) error {
+	client, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ClientID("inboxworker-dev"))
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	kresp, err := client.Request(ctx, kmsg.NewPtrApiVersionsRequest())
+	if err != nil {
+		return fmt.Errorf("read its ApiVersions: %w", err)
+	}
+	own := kresp.(*kmsg.ApiVersionsResponse)
+	var versions kmsg.ApiVersionsResponseApiKey
+	for i, k := range own.ApiKeys {
+		switch k.ApiKey {
+		case 0: // Produce
+			own.ApiKeys[i].MinVersion = 0
+		case 18: // ApiVersions
+			versions = k
+		}
+	}
+	c.ControlKey(18, func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		resp := *own
+		resp.ApiKeys = slices.Clone(own.ApiKeys)
+		if v := kreq.GetVersion(); v > versions.MaxVersion {
+			resp = kmsg.ApiVersionsResponse{ErrorCode: kerr.UnsupportedVersion.Code, ApiKeys: []kmsg.ApiVersionsResponseApiKey{versions}}
+		} else {
+			resp.SetVersion(v)
+		}
+		return &resp, nil, true
+	})
+	return nil
 }
