@@ -512,7 +512,8 @@ func (c *Consumer) NotReady() error {
 		return fmt.Errorf("offset commits have failed for %s, none succeeding", c.config.CommitFailureTimeout)
 	}
 	if missing := c.missingTopics(); len(missing) > 0 {
-		return fmt.Errorf("consumed topics missing, their routes consuming nothing: %s", strings.Join(missing, ", "))
+		return fmt.Errorf("consumed topics that cannot be read (deleted, not created yet, or not authorised), their routes consuming nothing: %s",
+			strings.Join(missing, ", "))
 	}
 	return nil
 }

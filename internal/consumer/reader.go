@@ -105,7 +105,11 @@ func (r *reader) next(ctx context.Context) (record, error) {
 		if err := ctx.Err(); err != nil {
 			return record{}, err
 		}
-		fetches.EachError(func(_ string, _ int32, err error) { r.err = cmpError(r.err, err) })
+		fetches.EachError(func(_ string, _ int32, err error) {
+			if r.err == nil {
+				r.err = err // the first of the fetch's
+			}
+		})
 		r.records = fetches.Records()
 	}
 	rec := r.records[0]
@@ -121,14 +125,6 @@ const fetchMaxBytes = 256 << 10
 // retryBackoff is how long a reader waits before it tries again after fails failures in a row.
 func retryBackoff(fails int) time.Duration {
 	return min(100*time.Millisecond<<min(max(fails-1, 0), 4), time.Second)
-}
-
-// cmpError keeps the first error of a fetch.
-func cmpError(first, err error) error {
-	if first != nil {
-		return first
-	}
-	return err
 }
 
 // close closes the reader's connections.

@@ -152,7 +152,7 @@ func TestTopicMissing(t *testing.T) {
 	if n > 10 {
 		t.Errorf("%d generations joined while the topic was missing, want at most 10", n)
 	}
-	if said := e.errors("a consumed topic is missing (deleted, or not created yet): its route consumes nothing until it exists again"); len(said) < 2 {
+	if said := e.errors("a consumed topic cannot be read (deleted, not created yet, or not authorised): its route consumes nothing until it can"); len(said) < 2 {
 		t.Errorf("%d ERRORs say the topic is missing, want one per instance", len(said))
 	}
 

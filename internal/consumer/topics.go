@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -27,7 +26,8 @@ import (
 //     and ends the generation only when a count changed: a topic created, deleted or given
 //     partitions is consumed again within partitionWatchInterval and a rebalance.
 //
-// A missing topic stops its own route only: an ERROR says so, and Ready is false until it is back.
+// A missing topic (or one not authorised) stops its own route only: an ERROR says so, and Ready is
+// false until it can be read again.
 
 // partitionWatchInterval is how often a generation's topics' partitions are counted.
 const partitionWatchInterval = 2 * time.Second
@@ -39,35 +39,50 @@ type topicCounts map[string]int
 type topicState struct {
 	mu      sync.Mutex
 	counts  topicCounts // read before the current generation's join; nil if unknown
-	missing []string    // the consumed topics missing, sorted
+	missing []string    // the consumed topics absent (missing, or not authorised), sorted
 }
 
-// countPartitions reads how many partitions each consumed topic has, and says once when a topic
-// goes missing or comes back.
-func (c *Consumer) countPartitions(ctx context.Context) (topicCounts, error) {
+// readTopics reads the partitions of topics, in one request. A topic the brokers do not give —
+// missing, or not authorised — is in absent, with why, and has no partitions to assign: the
+// balancer and the watcher agree on what is there.
+func (c *Consumer) readTopics(ctx context.Context, topics []string) (present map[string][]kafka.Partition, absent map[string]error, err error) {
 	ctx, cancel := context.WithTimeout(ctx, c.lag.client.Timeout)
 	defer cancel()
-	meta, err := c.lag.client.Metadata(ctx, &kafka.MetadataRequest{Topics: c.topics()})
+	meta, err := c.lag.client.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
 	if err != nil {
-		return nil, fmt.Errorf("metadata: %w", err)
+		return nil, nil, fmt.Errorf("metadata: %w", err)
 	}
-	counts := make(topicCounts, len(c.routes))
+	present, absent = make(map[string][]kafka.Partition), make(map[string]error)
 	for _, t := range meta.Topics {
-		switch {
-		case t.Error == nil:
-			counts[t.Name] = len(t.Partitions)
-		case errors.Is(t.Error, kafka.UnknownTopicOrPartition):
-			counts[t.Name] = 0
-		default:
-			return nil, fmt.Errorf("metadata of %s: %w", t.Name, t.Error)
+		if t.Error != nil {
+			absent[t.Name] = t.Error
+			continue
+		}
+		for _, p := range t.Partitions {
+			present[t.Name] = append(present[t.Name], kafka.Partition{Topic: t.Name, ID: p.ID, Leader: p.Leader})
 		}
 	}
-	c.noteMissing(counts)
+	return present, absent, nil
+}
+
+// countPartitions reads how many partitions each consumed topic has (0 for one absent), and says
+// once when a topic goes absent or comes back.
+func (c *Consumer) countPartitions(ctx context.Context) (topicCounts, error) {
+	present, absent, err := c.readTopics(ctx, c.topics())
+	if err != nil {
+		return nil, err
+	}
+	counts := make(topicCounts, len(c.routes))
+	for _, topic := range c.topics() {
+		counts[topic] = len(present[topic])
+	}
+	c.noteMissing(counts, absent)
 	return counts, nil
 }
 
-// noteMissing records which consumed topics counts has no partitions of, and logs the change.
-func (c *Consumer) noteMissing(counts topicCounts) {
+// noteMissing records which consumed topics counts has no partitions of, and logs the change: why
+// a topic is absent, from absent.
+func (c *Consumer) noteMissing(counts topicCounts, absent map[string]error) {
 	var missing []string
 	for _, topic := range c.topics() {
 		if counts[topic] == 0 {
@@ -81,13 +96,13 @@ func (c *Consumer) noteMissing(counts topicCounts) {
 	c.topicState.mu.Unlock()
 	for _, topic := range missing {
 		if !slices.Contains(before, topic) {
-			c.log.Error("a consumed topic is missing (deleted, or not created yet): its route consumes nothing until it exists again",
-				"topic", topic)
+			c.log.Error("a consumed topic cannot be read (deleted, not created yet, or not authorised): its route consumes nothing until it can",
+				"topic", topic, "error", absent[topic])
 		}
 	}
 	for _, topic := range before {
 		if !slices.Contains(missing, topic) {
-			c.log.Info("a consumed topic exists again: its route is consumed once the group rebalances", "topic", topic)
+			c.log.Info("a consumed topic can be read again: its route is consumed once the group rebalances", "topic", topic)
 		}
 	}
 }
@@ -157,22 +172,15 @@ func (b topicBalancer) AssignGroups(members []kafka.GroupMember, partitions []ka
 			}
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), b.c.lag.client.Timeout)
-	defer cancel()
-	meta, err := b.c.lag.client.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
+	present, _, err := b.c.readTopics(context.Background(), topics)
 	if err != nil {
 		b.c.log.Warn("cannot read the topics' partitions to assign them; assigning those kafka-go read",
 			"topics", strings.Join(topics, ","), "error", err)
 		return b.GroupBalancer.AssignGroups(members, partitions)
 	}
 	partitions = partitions[:0:0]
-	for _, t := range meta.Topics {
-		if t.Error != nil {
-			continue // missing: nothing of it to assign, and the rest is
-		}
-		for _, p := range t.Partitions {
-			partitions = append(partitions, kafka.Partition{Topic: t.Name, ID: p.ID, Leader: p.Leader})
-		}
+	for _, topic := range topics {
+		partitions = append(partitions, present[topic]...) // an absent topic has none: the rest is assigned
 	}
 	return b.GroupBalancer.AssignGroups(members, partitions)
 }
