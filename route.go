@@ -22,6 +22,9 @@ type Route struct {
 	Handler Handler
 	// Call applies the route's messages by a call to another service, with no transaction open.
 	Call CallHandler
+	// Verify, when set, checks each message of the route before anything of it is recorded: one
+	// it refuses is dead-lettered BadSignature. Nil: messages are not verified.
+	Verify Verifier
 	// CallLease is how long the lease on a key lasts while a call is out: the call gets two thirds
 	// of it, and the last third covers a request the other service may still be working on after
 	// the worker gave up; it is also how long a message waits, after the process calling for it
@@ -58,6 +61,9 @@ func (r Route) consumerRoute() consumer.Route {
 	}
 	if r.Call != nil {
 		cr.Call = r.Call
+	}
+	if r.Verify != nil {
+		cr.Verify = verifyFunc(r.Verify)
 	}
 	return cr
 }

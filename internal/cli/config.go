@@ -9,6 +9,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/envflag"
 	"github.com/inboxworker/inboxworker/internal/notify"
+	"github.com/inboxworker/inboxworker/internal/signature"
 )
 
 // Config is the worker's configuration: every variable of the contract, read from the environment
@@ -30,6 +31,12 @@ type Config struct {
 	// OutboxRetention is how long an event stays in the outbox table, from when it was written; an
 	// event is never purged before it is published.
 	OutboxRetention time.Duration
+
+	// PaymentSignature is how payment callbacks are verified: off or standard-webhooks, with
+	// PaymentSigningKeys, a signature made at most PaymentSignatureTolerance from its record.
+	PaymentSignature          string
+	PaymentSigningKeys        signature.Keys
+	PaymentSignatureTolerance time.Duration
 
 	SMSProviderURL   string
 	SMSProviderToken string
@@ -127,6 +134,32 @@ var settings = []*setting{
 	{Env: "DLQ_SUFFIX", Flag: "dlq-suffix", Default: ".dlq", Meta: "SUFFIX", Use: useTopics | useReplay | useParked | useInspect,
 		Usage: "dead-letter topic = source topic + suffix",
 		Set:   func(c *Config, v string) error { return parseTopic(&c.DLQSuffix, v) }},
+	{Env: "PAYMENT_SIGNATURE", Flag: "payment-signature", Default: "off", Meta: "SCHEME", Use: useTopics,
+		Usage: "off, or standard-webhooks: every payment callback must carry a valid webhook-signature by a key of " +
+			"PAYMENT_SIGNING_KEYS, or it is dead-lettered bad_signature",
+		Set: func(c *Config, v string) error {
+			switch v {
+			case "off", "standard-webhooks":
+				c.PaymentSignature = v
+				return nil
+			}
+			return fmt.Errorf("unknown scheme %q (use off or standard-webhooks)", v)
+		}},
+	{Env: "PAYMENT_SIGNING_KEYS", Flag: "payment-signing-keys", Meta: "LIST", Shown: keyNames, Use: useTopics,
+		Usage: "the keys payment callbacks are signed with, comma-separated NAME:whsec_<base64> (HMAC-SHA256 secret) or " +
+			"NAME:whpk_<base64> (Ed25519 public key); several while a key rotates (only the names are ever logged)",
+		Set: func(c *Config, v string) (err error) {
+			if v == "" {
+				c.PaymentSigningKeys = nil
+				return nil
+			}
+			c.PaymentSigningKeys, err = signature.ParseKeys(v)
+			return err
+		}},
+	{Env: "PAYMENT_SIGNATURE_TOLERANCE", Flag: "payment-signature-tolerance", Default: "5m", Meta: "DURATION", Use: useTopics,
+		Usage: "most time between a callback's webhook-timestamp and its record's timestamp, when the receiver produced it",
+		Bound: envflag.Durations(time.Second, 24*time.Hour),
+		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.PaymentSignatureTolerance, v) }},
 	{Env: "SMS_PROVIDER_URL", Flag: "sms-provider-url", Meta: "URL", Shown: url, Use: useTopics,
 		Usage: "HTTP SMS gateway (unset: SMS are only logged, with a warning at start)",
 		Set:   func(c *Config, v string) error { c.SMSProviderURL = v; return nil }},
@@ -244,6 +277,19 @@ var settings = []*setting{
 // (one that keeps them forever gets 30 days by default).
 var retentionBound = envflag.Durations(time.Hour, 10*365*24*time.Hour)
 
+// keyNames is how the startup line shows PAYMENT_SIGNING_KEYS: the keys' names, never a key.
+func keyNames(v string) string {
+	var names []string
+	for item := range strings.SplitSeq(v, ",") {
+		name, _, _ := strings.Cut(strings.TrimSpace(item), ":")
+		names = append(names, name)
+	}
+	if v == "" {
+		return ""
+	}
+	return strings.Join(names, ",")
+}
+
 // settledFromTopic is how the startup line shows an inbox retention: unset ones are settled later,
 // from the topic.
 func settledFromTopic(v string) string { return cmp.Or(v, "from the topic") }
@@ -266,6 +312,11 @@ func (c *Config) check(name func(env string) string) error {
 			c.RetryInitialInterval, c.RetryMaxInterval)
 	case c.SMSProviderToken != "" && c.SMSProviderURL == "":
 		return fail("SMS_PROVIDER_TOKEN", "set without SMS_PROVIDER_URL")
+	case c.PaymentSignature == "standard-webhooks" && len(c.PaymentSigningKeys) == 0:
+		return fail("PAYMENT_SIGNING_KEYS", "required with PAYMENT_SIGNATURE standard-webhooks")
+	case c.PaymentSignature == "off" && len(c.PaymentSigningKeys) > 0:
+		return fail("PAYMENT_SIGNING_KEYS", "set with PAYMENT_SIGNATURE off: callbacks would not be verified "+
+			"(set PAYMENT_SIGNATURE standard-webhooks)")
 	}
 	if err := c.checkTopics(fail); err != nil {
 		return err

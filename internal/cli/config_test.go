@@ -192,6 +192,9 @@ var contractDefaults = map[string]string{
 	"TOPIC_PAYMENTS":                 "payments.callbacks",
 	"TOPIC_SMS":                      "notifications.sms",
 	"DLQ_SUFFIX":                     ".dlq",
+	"PAYMENT_SIGNATURE":              "off", // this round
+	"PAYMENT_SIGNING_KEYS":           "",
+	"PAYMENT_SIGNATURE_TOLERANCE":    "5m",
 	"SMS_PROVIDER_URL":               "",
 	"SMS_PROVIDER_TOKEN":             "",
 	"SMS_VALIDITY":                   "", // this round: no expiry
@@ -249,6 +252,7 @@ func TestDefaults(t *testing.T) {
 			paymentEventsInbox: {Topic: "payments.events", Concurrency: 4},
 		},
 		OutboxRetention: 24 * time.Hour, SMSProviderTimeout: 10 * time.Second,
+		PaymentSignature: "off", PaymentSignatureTolerance: 5 * time.Minute,
 		DLQSuffix:            ".dlq",
 		RetryInitialInterval: 200 * time.Millisecond, RetryMaxInterval: 30 * time.Second, RetryMaxElapsed: 5 * time.Minute, RetryParkAfter: 5 * time.Second,
 		BatchSize: 256, BatchWait: 5 * time.Millisecond, LagInterval: 5 * time.Second, CommitFailureTimeout: time.Minute,

@@ -700,3 +700,45 @@ func TestReplayStoredClaims(t *testing.T) {
 		t.Errorf("pending %v, want none", got)
 	}
 }
+
+// TestReplayKeepsTheRecordTimestamp: a dead letter replayed an hour after its message was produced,
+// from the dead-letter topic and from the table dead_letters, goes back with its original record
+// timestamp (dlq-original-timestamp), so that what the timestamp means — when the receiver produced
+// a signed callback — is not the time of the replay.
+func TestReplayKeepsTheRecordTimestamp(t *testing.T) {
+	t.Parallel()
+	c := setupReplay(t)
+	produced := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+	withTimestamp := func(m kafka.Message) kafka.Message {
+		letter, original := deadletter.Read(m.Headers)
+		letter.Produced = produced
+		m.Headers = letter.Headers(original)
+		return m
+	}
+	c.deadLetter(replayDLQ, withTimestamp(dead(callback("e-topic", "ORD-TOPIC"), "bad_signature", replayPayments)))
+	c.store(replayDLQ, withTimestamp(dead(callback("e-table", "ORD-TABLE"), "bad_signature", replayPayments)))
+	c.deadLetter(replayDLQ, dead(callback("e-none", "ORD-NONE"), "bad_signature", replayPayments)) // an older worker's
+
+	if r := c.replay(replayDLQ); r.code != 0 {
+		t.Fatalf("exit %d", r.code)
+	}
+	replayed := c.read(replayPayments)
+	if len(replayed) != 3 {
+		t.Fatalf("%d messages replayed, want 3", len(replayed))
+	}
+	for _, m := range replayed {
+		switch string(m.Key) {
+		case "ORD-NONE":
+			if m.Time.Before(produced.Add(30 * time.Minute)) {
+				t.Errorf("%s, without the header, replayed with timestamp %s: want the replay's", m.Key, m.Time)
+			}
+		default:
+			if !m.Time.Equal(produced) {
+				t.Errorf("%s replayed with timestamp %s, want the original's, %s", m.Key, m.Time, produced)
+			}
+		}
+		if _, original := deadletter.Read(m.Headers); len(original) != len(m.Headers) {
+			t.Errorf("%s replayed with dlq-* headers: %v", m.Key, m.Headers)
+		}
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/payment"
 	"github.com/inboxworker/inboxworker/internal/receipt"
+	"github.com/inboxworker/inboxworker/internal/signature"
 	"github.com/inboxworker/inboxworker/internal/startup"
 	"github.com/inboxworker/inboxworker/internal/tracing"
 )
@@ -57,7 +58,11 @@ var bundledRoutes = []routeRow{
 		handler: func(cfg *Config, deps routeDeps) (inboxworker.Route, error) {
 			h, err := payment.NewHandler(payment.Config{EventsTopic: cfg.topic(paymentEventsInbox), Logger: deps.logger,
 				AppliedLevel: outcomeLevel(cfg)})
-			return inboxworker.Route{Handler: h}, err
+			if err != nil {
+				return inboxworker.Route{}, err
+			}
+			verify, err := paymentVerifier(cfg, deps.logger)
+			return inboxworker.Route{Handler: h, Verify: verify}, err
 		}},
 	{name: smsInbox, topic: "notifications.sms", what: "SMS event", calls: true,
 		concurrency: 128, maxConcurrency: 10000,
@@ -83,6 +88,23 @@ var bundledRoutes = []routeRow{
 			h, err := receipt.NewHandler(receipt.Config{SMSTopic: cfg.topic(smsInbox), Logger: deps.logger})
 			return inboxworker.Route{Handler: h}, err
 		}},
+}
+
+// paymentVerifier verifies the payment callbacks as PAYMENT_SIGNATURE says; nil, said once at start,
+// when they are not verified.
+func paymentVerifier(cfg *Config, logger *slog.Logger) (inboxworker.Verifier, error) {
+	if cfg.PaymentSignature != "standard-webhooks" {
+		logger.Info("payment callbacks are not verified (PAYMENT_SIGNATURE off): whoever can produce to the topic can pay an order",
+			"topic", cfg.topic(paymentsInbox))
+		return nil, nil
+	}
+	v, err := signature.NewVerifier(cfg.PaymentSigningKeys, cfg.PaymentSignatureTolerance)
+	if err != nil {
+		return nil, err
+	}
+	logger.Info("payment callbacks are verified (Standard Webhooks)", "topic", cfg.topic(paymentsInbox),
+		"keys", strings.Join(cfg.PaymentSigningKeys.Names(), ","), "tolerance", cfg.PaymentSignatureTolerance.String())
+	return v, nil
 }
 
 // smsCallLease is the SMS route's lease on a key while its send is out: twice SMS_PROVIDER_TIMEOUT.

@@ -67,7 +67,11 @@ func (p *partition) applyMessage(ctx context.Context, e *entry, c carried) error
 	began := cmp.Or(c.began, time.Now())
 	log := p.log.With("offset", e.msg.Offset)
 	if e.keyErr != nil {
-		return p.finish(ctx, e, decision{action: deadLetter, reason: e.reason, err: e.keyErr}, c.h, began, log)
+		err := p.finish(ctx, e, decision{action: deadLetter, reason: e.reason, err: e.keyErr}, c.h, began, log)
+		if err == nil && e.reason == fault.BadSignature {
+			p.c.metrics.signatureFailed(p.topic, fault.SignatureProblem(e.keyErr))
+		}
+		return err
 	}
 	log = log.With("key", e.key)
 	if behind, err := p.parkBehind(ctx, e, log); err != nil || behind {
@@ -137,7 +141,7 @@ func (p *partition) attemptOf(e *entry, log *slog.Logger) attempt {
 // unitOf is e in an attempt, its number-th.
 func (p *partition) unitOf(e *entry, number int) unit {
 	return unit{msg: p.route.inboxMessage(p.id, e.msg.Offset, e.key, e.msg.Value), value: e.msg.Value,
-		produced: e.msg.Time, number: number}
+		produced: e.msg.Time, verifiedBy: e.verifiedBy, number: number}
 }
 
 // finish settles e as d decided, applied, a duplicate or dead-lettered, and counts it.

@@ -34,6 +34,8 @@ type unit struct {
 	msg      inbox.Message
 	value    []byte
 	produced time.Time
+	// verifiedBy names the key that verified the message (Delivery.VerifiedBy).
+	verifiedBy string
 	// number is the attempt's number for the message (Delivery.Attempt), this one included.
 	number int
 }
@@ -105,7 +107,8 @@ func (rt *route) run(work context.Context, a attempt) result {
 // delivery is what the handler sees of message i of a.
 func (a attempt) delivery(i int) inbox.Delivery {
 	u := a.units[i]
-	return inbox.Delivery{Key: u.msg.Key, Value: u.value, Attempt: u.number, Produced: u.produced}
+	return inbox.Delivery{Key: u.msg.Key, Value: u.value, Attempt: u.number, Produced: u.produced,
+		VerifiedBy: u.verifiedBy}
 }
 
 // apply runs a Handler on a's one message, with its inbox row, in one transaction.

@@ -130,8 +130,13 @@ type Route struct {
 	CallLease time.Duration
 	// IdempotencyKey takes a message's idempotency key, or says why it has none (the reason its dead
 	// letter gets). Defaults to IdempotencyKey, the contract's rule: the Idempotency-Key header, else
-	// X-Idempotent-Key, else the JSON member event_id.
+	// X-Idempotent-Key, else webhook-id, else the JSON member event_id.
 	IdempotencyKey func(kafka.Message) (string, fault.Reason, error)
+	// Verify, when set, verifies each message before its idempotency key is taken: it returns the
+	// name of the key that verified it (inbox.Delivery.VerifiedBy), or why it does not verify, and
+	// the message is dead-lettered fault.BadSignature (see fault.SignatureProblem). Its verdict must
+	// depend on the message alone. Nil: messages are not verified.
+	Verify func(kafka.Message) (string, error)
 	// Concurrency is the most messages of the route, across all its partitions, whose handlers run
 	// at once, each in its transaction; a message waiting to be retried keeps its place. A batch
 	// applied in one transaction counts once. It keeps a provider, or the database pool, from being

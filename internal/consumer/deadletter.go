@@ -51,6 +51,7 @@ func (p *partition) deadLetter(ctx context.Context, m kafka.Message, f failure, 
 		Offset:    m.Offset,
 		Attempts:  f.attempts,
 		FailedAt:  time.Now(),
+		Produced:  m.Time,
 	}
 	dlq := kafka.Message{
 		Topic:   p.topic + p.c.config.DLQSuffix,

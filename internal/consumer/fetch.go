@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/inboxworker/inboxworker/internal/fault"
 )
 
 // fetch fetches the partition's messages into out with reader until ctx is done, never more than
@@ -70,7 +72,14 @@ func (p *partition) add(ctx context.Context, r record) {
 		return
 	}
 	e := &entry{msg: m, fetched: time.Now()}
-	e.key, e.reason, e.keyErr = p.route.IdempotencyKey(m)
+	if p.route.Verify != nil && len(m.Value) > 0 { // a tombstone is refused for what it is
+		if e.verifiedBy, e.keyErr = p.route.Verify(m); e.keyErr != nil {
+			e.reason = fault.BadSignature
+		}
+	}
+	if e.keyErr == nil {
+		e.key, e.reason, e.keyErr = p.route.IdempotencyKey(m)
+	}
 	e.order = orderingKey(p.c.config.Ordering, m, e.key, e.keyErr)
 	p.window.add(e)
 	p.guard.fetched(ctx, e)

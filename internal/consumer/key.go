@@ -20,6 +20,7 @@ import (
 const (
 	keyHeader         = "Idempotency-Key"
 	fallbackKeyHeader = "X-Idempotent-Key"
+	webhookKeyHeader  = "webhook-id" // a signed callback's (Standard Webhooks)
 	keyField          = "event_id"
 	maxKeyLength      = 255 // characters
 )
@@ -28,13 +29,15 @@ const (
 // InvalidPayload), is JSON but not an object, or is an object without event_id.
 var (
 	errTombstone = errors.New("empty value (tombstone): nothing to apply")
-	errNotJSON   = errors.New("not valid JSON (and no header Idempotency-Key or X-Idempotent-Key to take the idempotency key from)")
-	errNotObject = errors.New("no idempotency key: no header Idempotency-Key or X-Idempotent-Key, and the value is not a JSON object")
-	errNoKey     = errors.New("no idempotency key: no header Idempotency-Key or X-Idempotent-Key, no JSON field event_id")
+	errNotJSON   = errors.New("not valid JSON (and no header Idempotency-Key, X-Idempotent-Key or webhook-id to take the idempotency key from)")
+	errNotObject = errors.New("no idempotency key: no header Idempotency-Key, X-Idempotent-Key or webhook-id, and the value is not a JSON object")
+	errNoKey     = errors.New("no idempotency key: no header Idempotency-Key, X-Idempotent-Key or webhook-id, no JSON field event_id")
 )
 
 // IdempotencyKey returns m's idempotency key: the header Idempotency-Key, else the header
-// X-Idempotent-Key, else the string member named exactly event_id of the JSON object in the value.
+// X-Idempotent-Key, else the header webhook-id (a signed callback's id, which its provider keeps
+// when it sends the callback again), else the string member named exactly event_id of the JSON
+// object in the value.
 // The first source present decides; an empty header counts as absent. A key must be 1 to 255
 // characters a person can read and tell apart: valid UTF-8, no control or format characters (U+200B,
 // U+FEFF, …), no white space but the ASCII space, and that not at either end. A source given twice
@@ -48,7 +51,7 @@ func IdempotencyKey(m kafka.Message) (string, fault.Reason, error) {
 	if len(m.Value) == 0 {
 		return "", fault.InvalidPayload, errTombstone
 	}
-	for _, name := range []string{keyHeader, fallbackKeyHeader} {
+	for _, name := range [...]string{keyHeader, fallbackKeyHeader, webhookKeyHeader} {
 		key, err := headerKey(m.Headers, name)
 		if err != nil {
 			return "", fault.InvalidIdempotencyKey, err

@@ -36,6 +36,10 @@ var keyTests = []struct {
 	{"FallbackHeader", msgWith(`{"event_id":"e"}`, "X-Idempotent-Key", "x"), "x", ""},
 	{"HeaderFirst", kafka.Message{Value: []byte(`{}`), Headers: []kafka.Header{
 		{Key: "X-Idempotent-Key", Value: []byte("x")}, {Key: "Idempotency-Key", Value: []byte("h")}}}, "h", ""},
+	{"WebhookID", msgWith(`{"event_id":"e"}`, "webhook-id", "msg_1"), "msg_1", ""},
+	{"WebhookIDAnyCase", msgWith(`{}`, "Webhook-Id", "msg_1"), "msg_1", ""},
+	{"FallbackHeaderBeforeWebhookID", kafka.Message{Value: []byte(`{}`), Headers: []kafka.Header{
+		{Key: "webhook-id", Value: []byte("w")}, {Key: "X-Idempotent-Key", Value: []byte("x")}}}, "x", ""},
 	{"EventID", msgWith(`{"event_id":"e-1"}`, "", ""), "e-1", ""},
 	{"Unicode", msgWith(`{"event_id":"订单-1"}`, "", ""), "订单-1", ""},
 	{"Longest", msgWith(`{}`, "Idempotency-Key", strings.Repeat("é", 255)), strings.Repeat("é", 255), ""},
@@ -115,10 +119,10 @@ func TestIdempotencyKeyErrors(t *testing.T) {
 	for _, tt := range []struct {
 		value, want string
 	}{
-		{`event_id=e`, "not valid JSON (and no header Idempotency-Key or X-Idempotent-Key to take the idempotency key from)"},
-		{`{"event_id":"e",}`, "not valid JSON (and no header Idempotency-Key or X-Idempotent-Key to take the idempotency key from)"},
-		{`{"id":"e"}`, "no idempotency key: no header Idempotency-Key or X-Idempotent-Key, no JSON field event_id"},
-		{`[{"event_id":"e"}]`, "no idempotency key: no header Idempotency-Key or X-Idempotent-Key, and the value is not a JSON object"},
+		{`event_id=e`, "not valid JSON (and no header Idempotency-Key, X-Idempotent-Key or webhook-id to take the idempotency key from)"},
+		{`{"event_id":"e",}`, "not valid JSON (and no header Idempotency-Key, X-Idempotent-Key or webhook-id to take the idempotency key from)"},
+		{`{"id":"e"}`, "no idempotency key: no header Idempotency-Key, X-Idempotent-Key or webhook-id, no JSON field event_id"},
+		{`[{"event_id":"e"}]`, "no idempotency key: no header Idempotency-Key, X-Idempotent-Key or webhook-id, and the value is not a JSON object"},
 		{``, "empty value (tombstone): nothing to apply"},
 	} {
 		_, _, err := consumer.IdempotencyKey(msgWith(tt.value, "", ""))

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -30,6 +31,9 @@ type Metrics struct {
 	// Skipped counts the records deleted from a partition before the group read them (see
 	// reposition.go).
 	Skipped *prometheus.CounterVec // inboxworker_records_skipped_total{topic}
+	// SignatureFailures counts the messages dead-lettered because their route's verifier refused
+	// them, by problem (fault.SignatureProblems).
+	SignatureFailures *prometheus.CounterVec // inboxworker_signature_failures_total{topic,reason}
 	// CommitFailures counts the offset commits that failed (see commit.go).
 	CommitFailures *prometheus.CounterVec // inboxworker_offset_commit_failures_total{topic}
 	// The route gates' slots and pace (see gate.go).
@@ -95,12 +99,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Skipped: newCounter("inboxworker_records_skipped_total",
 			"Records of the topic deleted before the group read them (retention, or DeleteRecords, took them first): never handled, never dead-lettered; the log names each range.",
 			"topic"),
+		SignatureFailures: newCounter("inboxworker_signature_failures_total",
+			"Messages dead-lettered bad_signature, their route's verifier having refused them, by topic and reason: unsigned, malformed, timestamp (signed too far from when the record was produced) or no_key_matched.",
+			"topic", "reason"),
 		CommitFailures: newCounter("inboxworker_offset_commit_failures_total",
 			"Offset commits of the topic's partitions that failed (the broker refused them, or the connection closed): messages since the last commit will be delivered again.",
 			"topic"),
 	}
 	reg.MustRegister(m.Messages, m.Retries, m.Handle, m.Lag, m.Stalled, m.TransactionOpen, m.DeadLettersStored, m.Parked, m.Oldest,
-		m.Paused, m.Pauses, m.ConcurrencyLimit, m.RateLimit, m.RateWaits, m.CommitFailures, m.Skipped, m.Owner, m.Assigned)
+		m.Paused, m.Pauses, m.ConcurrencyLimit, m.RateLimit, m.RateWaits, m.CommitFailures, m.Skipped, m.SignatureFailures, m.Owner, m.Assigned)
 	return m
 }
 
@@ -143,6 +150,9 @@ func (m *Metrics) initSeries(topics []string) {
 			m.Pauses.WithLabelValues(topic, reason)
 		}
 		m.Assigned.WithLabelValues(topic)
+		for _, problem := range fault.SignatureProblems {
+			m.SignatureFailures.WithLabelValues(topic, problem) // 0 for a route that does not verify
+		}
 	}
 }
 
@@ -166,6 +176,14 @@ func (m *Metrics) count(topic, outcome string) {
 		return
 	}
 	m.Messages.WithLabelValues(topic, outcome).Inc()
+}
+
+// signatureFailed counts a message of topic dead-lettered bad_signature, for problem.
+func (m *Metrics) signatureFailed(topic, problem string) {
+	if m == nil {
+		return
+	}
+	m.SignatureFailures.WithLabelValues(topic, problem).Inc()
 }
 
 func (m *Metrics) deadLetterStored(topic string) {

@@ -113,7 +113,7 @@ func (p *partition) parkBehind(ctx context.Context, e *entry, log *slog.Logger) 
 	}
 	var behind bool
 	err := p.retryDatabase(ctx, "park the message", func(ctx context.Context) (err error) {
-		behind, err = p.parked.parkBehind(ctx, toParked(p.route.Route, p.id, e.msg, e.key, []byte(e.order)))
+		behind, err = p.parked.parkBehind(ctx, toParked(p.route.Route, p.id, e))
 		return err
 	})
 	if err != nil {
@@ -129,7 +129,7 @@ func (p *partition) parkBehind(ctx context.Context, e *entry, log *slog.Logger) 
 // park parks e, whose history is h, due after d.delay. It waits for the database as long as it is
 // down; it fails only when ctx is done or the consumer is stopping.
 func (p *partition) park(ctx context.Context, e *entry, h history, d decision, log *slog.Logger) error {
-	parked := toParked(p.route.Route, p.id, e.msg, e.key, []byte(e.order))
+	parked := toParked(p.route.Route, p.id, e)
 	parked.Attempts, parked.Reason, parked.FirstFailedAt, parked.BudgetSpent = h.attempts, h.reason, h.firstAt, h.spent
 	if h.first != nil {
 		parked.FirstError, parked.LastError = h.first.Error(), h.last.Error()
@@ -154,19 +154,20 @@ func (p *partition) park(ctx context.Context, e *entry, h history, d decision, l
 	return nil
 }
 
-// toParked is m, read from route's partition, whose idempotency key is key and ordering key
-// orderingKey, as the park keeps it.
-func toParked(route Route, partition int, m kafka.Message, key string, orderingKey []byte) inbox.Parked {
+// toParked is e, read from route's partition, as the park keeps it.
+func toParked(route Route, partition int, e *entry) inbox.Parked {
+	m := e.msg
 	p := inbox.Parked{
 		Handler:        route.Name,
 		Topic:          route.Topic,
 		Partition:      int32(partition),
 		Offset:         m.Offset,
-		OrderingKey:    orderingKey,
-		IdempotencyKey: key,
+		OrderingKey:    []byte(e.order),
+		IdempotencyKey: e.key,
 		MessageKey:     m.Key,
 		Value:          m.Value,
 		Produced:       m.Time,
+		VerifiedBy:     e.verifiedBy,
 	}
 	for _, h := range m.Headers {
 		p.Headers = append(p.Headers, inbox.Header{Key: h.Key, Value: h.Value})
@@ -213,6 +214,7 @@ func ParkedDeadLetter(p inbox.Parked, dlqSuffix, why string, at time.Time) kafka
 		Offset:    p.Offset,
 		Attempts:  p.Attempts,
 		FailedAt:  at,
+		Produced:  p.Produced,
 	}
 	return kafka.Message{Topic: p.Topic + dlqSuffix, Key: m.Key, Value: m.Value, Headers: letter.Headers(m.Headers)}
 }

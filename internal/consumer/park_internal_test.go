@@ -44,7 +44,7 @@ func TestParkedRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := store.Park().Add(ctx, toParked(route, 3, m, key, []byte("order")), 0); err != nil {
+		if _, err := store.Park().Add(ctx, toParked(route, 3, &entry{msg: m, key: key, order: "order"}), 0); err != nil {
 			t.Fatal(err)
 		}
 		taken, err := store.Park().TakeDue(ctx, route.Topic, 3, "o", time.Minute, 1)

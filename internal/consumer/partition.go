@@ -76,13 +76,15 @@ type partition struct {
 
 // entry is one fetched message, from its fetch to the commit that covers it.
 type entry struct {
-	msg     kafka.Message
-	marker  bool   // a transaction's marker, never handled (see record)
-	order   string // its ordering key
-	key     string // its idempotency key; "" when it has no valid one
-	reason  fault.Reason
-	keyErr  error // why it has no valid idempotency key
-	fetched time.Time
+	msg    kafka.Message
+	marker bool   // a transaction's marker, never handled (see record)
+	order  string // its ordering key
+	key    string // its idempotency key; "" when it has no valid one
+	reason fault.Reason
+	keyErr error // why it cannot be handled: no valid idempotency key, or no valid signature
+	// verifiedBy names the key that verified it, when its route verifies (Route.Verify).
+	verifiedBy string
+	fetched    time.Time
 	// started and done are the window's (see window): started from its start, done once its
 	// dispatch finished it.
 	started bool

@@ -243,7 +243,8 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 	}
 	h := history{attempts: m.Attempts, spent: m.BudgetSpent, parked: true, reason: m.Reason, firstAt: m.FirstFailedAt}
 	res := r.p.route.run(ctx, attempt{
-		units:  []unit{{msg: parkedMessage(m), value: m.Value, produced: m.Produced, number: m.Attempts + 1}},
+		units: []unit{{msg: parkedMessage(m), value: m.Value, produced: m.Produced, verifiedBy: m.VerifiedBy,
+			number: m.Attempts + 1}},
 		parked: &m, log: log,
 	})
 	if ctx.Err() != nil || errors.Is(res.err, inbox.ErrHoldLost) {

@@ -154,7 +154,7 @@ func (e *retrierEnv) park(orderKey string, offset int64) {
 	key := fmt.Sprintf("%s@%d", orderKey, offset)
 	m := kafka.Message{Offset: offset, Key: []byte(orderKey), Value: []byte(`{"event_id":"` + key + `"}`),
 		Headers: []kafka.Header{{Key: "Idempotency-Key", Value: []byte(key)}}}
-	p := toParked(Route{Topic: parkTopic, Name: "payments"}, parkPartition, m, key, []byte(orderKey))
+	p := toParked(Route{Topic: parkTopic, Name: "payments"}, parkPartition, &entry{msg: m, key: key, order: orderKey})
 	ctx := context.Background()
 	behind, err := e.keys.parkBehind(ctx, p)
 	if err == nil && !behind {

@@ -37,7 +37,14 @@ const (
 	HeaderOriginalOffset    = "dlq-original-offset"    // decimal
 	HeaderAttempts          = "dlq-attempts"           // how many times its handler was started
 	HeaderFailedAt          = "dlq-failed-at"          // RFC 3339, UTC
+	// HeaderOriginalTimestamp is the original record's timestamp (RFC 3339 in milliseconds, UTC),
+	// which worker replay gives the message back: what it means (when the receiver produced a
+	// signed callback, when an SMS was asked for) must not become the time of its replay.
+	HeaderOriginalTimestamp = "dlq-original-timestamp"
 )
+
+// timestampFormat is HeaderOriginalTimestamp's: RFC 3339 to the millisecond, as Kafka keeps it.
+const timestampFormat = "2006-01-02T15:04:05.000Z07:00"
 
 // MaxErrorLen bounds the error text of a dead letter, in bytes: a handler's error may quote a whole
 // payload.
@@ -52,6 +59,8 @@ type Letter struct {
 	Offset    int64
 	Attempts  int
 	FailedAt  time.Time
+	// Produced is the original record's timestamp; zero when it had none.
+	Produced time.Time
 }
 
 // ErrorText is err's text as a dead letter carries it: cut to MaxErrorLen bytes without splitting a
@@ -71,7 +80,7 @@ func isOwnHeader(name string) bool {
 // Headers returns the headers of the dead letter of a message with headers original: those less any
 // of an earlier dead-lettering, then l's.
 func (l Letter) Headers(original []kafka.Header) []kafka.Header {
-	headers := make([]kafka.Header, 0, len(original)+7)
+	headers := make([]kafka.Header, 0, len(original)+8)
 	for _, h := range original {
 		if !isOwnHeader(h.Key) {
 			headers = append(headers, h)
@@ -87,6 +96,10 @@ func (l Letter) Headers(original []kafka.Header) []kafka.Header {
 		{HeaderFailedAt, l.FailedAt.UTC().Format(time.RFC3339)},
 	} {
 		headers = append(headers, kafka.Header{Key: h[0], Value: []byte(h[1])})
+	}
+	if !l.Produced.IsZero() {
+		headers = append(headers, kafka.Header{Key: HeaderOriginalTimestamp,
+			Value: []byte(l.Produced.UTC().Format(timestampFormat))})
 	}
 	return headers
 }
@@ -117,6 +130,8 @@ func Read(headers []kafka.Header) (l Letter, original []kafka.Header) {
 			l.Attempts, _ = strconv.Atoi(v)
 		case HeaderFailedAt:
 			l.FailedAt, _ = time.Parse(time.RFC3339, v)
+		case HeaderOriginalTimestamp:
+			l.Produced, _ = time.Parse(time.RFC3339, v)
 		}
 	}
 	return l, original

@@ -325,6 +325,9 @@ type Delivery struct {
 	// Produced is when the message was produced: its record's timestamp (CreateTime, unless the
 	// topic is set to LogAppendTime), for a handler that drops what is too old to be of use.
 	Produced time.Time
+	// VerifiedBy is the name of the key that verified the message, when its route verifies
+	// messages (inboxworker.Route.Verify); "" otherwise.
+	VerifiedBy string
 }
 
 // Ping checks that the database answers. An error is classified (see Classify): unavailable when

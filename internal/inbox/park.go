@@ -65,6 +65,9 @@ type Parked struct {
 	Headers    []Header
 	// Produced is the message's record timestamp; zero when unknown.
 	Produced time.Time
+	// VerifiedBy is the name of the key that verified the message when it was read (see
+	// inbox.Delivery.VerifiedBy); "" when its route does not verify.
+	VerifiedBy string
 	// Attempts counts the runs of its handler so far.
 	Attempts int
 	// Starts counts its retries begun in a row (Begin) that never settled: its retrier died in each.
@@ -142,7 +145,7 @@ func scanParked(row pgx.CollectableRow) (Parked, error) {
 	err := row.Scan(&p.ID, &p.Handler, &p.Topic, &p.Partition, &p.Offset, &p.OrderingKey,
 		&p.IdempotencyKey, &p.MessageKey, &p.Value, &keys, &values, &p.Attempts, &p.Starts, &reason,
 		&p.FirstError, &p.LastError, &firstFailed, &spentMicros, &p.NextAttemptAt, &p.ParkedAt,
-		&p.HeldBy, &held, &produced)
+		&p.HeldBy, &held, &produced, &p.VerifiedBy)
 	if err != nil {
 		return Parked{}, err
 	}
@@ -192,14 +195,14 @@ func (k *Park) Add(ctx context.Context, p Parked, retryIn time.Duration) (bool, 
 	tag, err := k.pool.Exec(ctx, `
 		INSERT INTO inbox_parked (handler, topic, "partition", "offset", fingerprint, ordering_key,
 			idempotency_key, message_key, value, header_keys, header_values, attempts, reason, first_error,
-			last_error, first_failed_at, budget_spent, next_attempt_at, produced_at)
+			last_error, first_failed_at, budget_spent, next_attempt_at, produced_at, verified_by)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-			$17 * interval '1 microsecond', now() + $18 * interval '1 microsecond', $19)
+			$17 * interval '1 microsecond', now() + $18 * interval '1 microsecond', $19, $20)
 		ON CONFLICT (topic, "partition", "offset", fingerprint) DO NOTHING`,
 		p.Handler, p.Topic, p.Partition, p.Offset, fingerprint[:], p.OrderingKey, p.IdempotencyKey,
 		p.MessageKey, p.Value, keys, values, p.Attempts, nullText(string(p.Reason)),
 		nullText(storedError(p.FirstError)), nullText(storedError(p.LastError)), firstFailed,
-		p.BudgetSpent.Microseconds(), retryIn.Microseconds(), produced)
+		p.BudgetSpent.Microseconds(), retryIn.Microseconds(), produced, nullText(p.VerifiedBy))
 	if err != nil {
 		return false, Classify(fmt.Errorf("inbox: park: %w", err))
 	}
@@ -547,7 +550,8 @@ func parkedColumnsOf(alias string) string {
 		"idempotency_key", "message_key", "value", "header_keys", "header_values", "attempts", "starts",
 		"coalesce(%s.reason, '')", "coalesce(%s.first_error, '')", "coalesce(%s.last_error, '')",
 		"first_failed_at", "(extract(epoch FROM %s.budget_spent) * 1000000)::bigint",
-		"next_attempt_at", "parked_at", "coalesce(%s.held_by, '')", "held_until", "produced_at"}
+		"next_attempt_at", "parked_at", "coalesce(%s.held_by, '')", "held_until", "produced_at",
+		"coalesce(%s.verified_by, '')"}
 	for i, c := range columns {
 		if strings.Contains(c, "%s") {
 			columns[i] = strings.ReplaceAll(c, "%s", alias)

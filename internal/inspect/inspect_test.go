@@ -67,10 +67,16 @@ func callback(key, orderNo, txn, result string) []byte {
 // apply runs a callback through the inbox and the payment handler, as the consumer does.
 func (e *env) apply(key string, value []byte, offset int64) inbox.Outcome {
 	e.t.Helper()
+	return e.applyVerified(key, value, offset, "")
+}
+
+// applyVerified is apply for a callback whose signature the key named verifiedBy verified.
+func (e *env) applyVerified(key string, value []byte, offset int64, verifiedBy string) inbox.Outcome {
+	e.t.Helper()
 	msg := inbox.Message{Handler: "payments", Key: key, Fingerprint: inbox.Fingerprint(value),
 		Topic: "payments.callbacks", Partition: 2, Offset: offset}
 	outcome, err := e.store.Process(context.Background(), msg, func(ctx context.Context, tx pgx.Tx) error {
-		return e.payment.Handle(ctx, tx, inbox.Delivery{Key: key, Value: value, Attempt: 1})
+		return e.payment.Handle(ctx, tx, inbox.Delivery{Key: key, Value: value, Attempt: 1, VerifiedBy: verifiedBy})
 	})
 	if err != nil {
 		e.t.Fatal(err)
@@ -113,15 +119,15 @@ func TestPayments(t *testing.T) {
 		('A-1', 'u1', 99.90, 'CNY'), ('C-1', 'u2', 99.90, 'CNY'), ('F-1', 'u3', 99.90, 'CNY')`)
 	e.exec(`UPDATE orders SET status = 'CANCELLED' WHERE order_no = 'C-1'`)
 	for _, a := range []struct {
-		key, order, txn, result string
-		want                    inbox.Outcome
+		key, order, txn, result, verifiedBy string
+		want                                inbox.Outcome
 	}{
-		{"evt-paid", "A-1", "T-1", "SUCCESS", inbox.Applied},
-		{"evt-resent", "A-1", "T-1", "SUCCESS", inbox.Duplicate}, // the provider's resend under a new key
-		{"evt-flag", "C-1", "T-2", "SUCCESS", inbox.Applied},
-		{"evt-failed", "F-1", "T-3", "FAILED", inbox.Applied},
+		{"evt-paid", "A-1", "T-1", "SUCCESS", "", inbox.Applied},
+		{"evt-resent", "A-1", "T-1", "SUCCESS", "", inbox.Duplicate}, // the provider's resend under a new key
+		{"evt-flag", "C-1", "T-2", "SUCCESS", "", inbox.Applied},
+		{"evt-failed", "F-1", "T-3", "FAILED", "provider-2026", inbox.Applied},
 	} {
-		if got := e.apply(a.key, callback(a.key, a.order, a.txn, a.result), 4411); got != a.want {
+		if got := e.applyVerified(a.key, callback(a.key, a.order, a.txn, a.result), 4411, a.verifiedBy); got != a.want {
 			t.Fatalf("%s: %s, want %s", a.key, got, a.want)
 		}
 	}
@@ -136,7 +142,7 @@ func TestPayments(t *testing.T) {
 			`^route payments, topic payments.callbacks$`,
 			`^  outcome +applied: order A-1 paid by alipay T-1$`,
 			`^  inbox +recorded .* ago\) from payments.callbacks/2 at offset 4411; remembered until .*\(in `,
-			`^  payment +SUCCESS 99.90 CNY, alipay T-1, order A-1, paid at 2026-11-30T12:00:00Z, recorded `,
+			`^  payment +SUCCESS 99.90 CNY, alipay T-1, order A-1, paid at 2026-11-30T12:00:00Z, recorded [^,]*$`,
 			`^  anomaly +none under this key$`,
 			`^  order +A-1 PAID, 99.90 CNY, paid by T-1 at 2026-11-30T12:00:00Z, updated `,
 			`^  transaction +alipay T-1 belongs to order A-1, 99.90 CNY`,
@@ -169,7 +175,8 @@ func TestPayments(t *testing.T) {
 			t.Fatal(err)
 		}
 		expect(t, out, []string{`^  outcome +applied: a failed payment recorded on order F-1, which it leaves as it was$`,
-			`^  payment +FAILED 99.90 CNY, alipay T-3, order F-1`, `^  order +F-1 PENDING`})
+			`^  payment +FAILED 99.90 CNY, alipay T-3, order F-1, .*, signature verified by key provider-2026$`,
+			`^  order +F-1 PENDING`})
 	})
 
 	t.Run("Parked", func(t *testing.T) {

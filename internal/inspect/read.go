@@ -115,6 +115,10 @@ type PaymentRow struct {
 	Provider, ProviderTxnID, OrderNo, Amount, Currency, Result string
 	PaidAt                                                     *time.Time
 	ReceivedAt                                                 time.Time
+	// Source is where it came from: callback, or reconciliation (the provider's answer to the
+	// worker's question); VerifiedBy the name of the key that verified its callback, "" when
+	// callbacks are not verified.
+	Source, VerifiedBy string
 }
 
 // AnomalyRow is a payment_anomalies row recorded under the key.
@@ -275,7 +279,8 @@ func (r *RouteReport) readLease(ctx context.Context, tx pgx.Tx, key string) erro
 // each is scanned.
 func (r *RouteReport) readPayments(ctx context.Context, tx pgx.Tx, key string) error {
 	rows, _ := tx.Query(ctx, `
-		SELECT provider, provider_txn_id, order_no, amount::text, currency, result, paid_at, received_at
+		SELECT provider, provider_txn_id, order_no, amount::text, currency, result, paid_at, received_at,
+			source, coalesce(verified_by, '')
 		FROM payments WHERE idempotency_key = $1 ORDER BY id`, key)
 	var err error
 	if r.Payments, err = pgx.CollectRows(rows, pgx.RowToStructByPos[PaymentRow]); err != nil {

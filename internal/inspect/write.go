@@ -164,7 +164,14 @@ func paymentLines(r RouteReport, now time.Time, _ string) []string {
 		if p.PaidAt != nil {
 			line += ", paid at " + p.PaidAt.UTC().Format(time.RFC3339)
 		}
-		lines = append(lines, line+", recorded "+when(p.ReceivedAt, now))
+		line += ", recorded " + when(p.ReceivedAt, now)
+		switch {
+		case p.Source != "callback":
+			line += ", from " + p.Source
+		case p.VerifiedBy != "":
+			line += ", signature verified by key " + replay.Displayed(p.VerifiedBy)
+		}
+		lines = append(lines, line)
 	}
 	return lines
 }

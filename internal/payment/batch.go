@@ -49,7 +49,7 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, ds []inboxworker.D
 		if paid[i] {
 			continue
 		}
-		if err := h.apply(ctx, tx, ds[i].Key, cbs[i]); err != nil {
+		if err := h.apply(ctx, tx, ds[i], cbs[i]); err != nil {
 			errs[i] = err
 			if !errors.Is(err, inboxworker.ErrAlreadyApplied) {
 				return errs
@@ -72,8 +72,9 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, ds []inboxworker.D
 // when payments was small at planning time, and kept while the worker filled it.
 const payAllSQL = `
 WITH input AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[], $7::text[])
-		AS i(order_no, provider, provider_txn_id, amount, currency, paid_at, idempotency_key)
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[], $7::text[],
+			$8::text[])
+		AS i(order_no, provider, provider_txn_id, amount, currency, paid_at, idempotency_key, verified_by)
 ), bound AS (
 	INSERT INTO payment_transactions (provider, provider_txn_id, order_no, amount, currency)
 	SELECT provider, provider_txn_id, order_no, amount::numeric, currency FROM input
@@ -88,8 +89,8 @@ WITH input AS (
 	  AND o.currency = i.currency
 	RETURNING i.*
 )
-INSERT INTO payments (provider, provider_txn_id, order_no, amount, currency, result, paid_at, idempotency_key)
-SELECT provider, provider_txn_id, order_no, amount::numeric, currency, 'SUCCESS', paid_at, idempotency_key
+INSERT INTO payments (provider, provider_txn_id, order_no, amount, currency, result, paid_at, idempotency_key, verified_by)
+SELECT provider, provider_txn_id, order_no, amount::numeric, currency, 'SUCCESS', paid_at, idempotency_key, verified_by
 FROM paid
 RETURNING order_no`
 
@@ -118,15 +119,17 @@ func (h *Handler) payAll(ctx context.Context, tx pgx.Tx, ds []inboxworker.Delive
 	n := len(candidates)
 	orderNos, providers, txnIDs := make([]string, n), make([]string, n), make([]string, n)
 	amounts, currencies, keys := make([]string, n), make([]string, n), make([]string, n)
+	verifiedBy := make([]*string, n)
 	paidAt := make([]time.Time, n)
 	byOrder := make(map[string]int, n)
 	for j, i := range candidates {
 		cb := cbs[i]
 		orderNos[j], providers[j], txnIDs[j] = cb.OrderNo, cb.Provider, cb.ProviderTxnID
 		amounts[j], currencies[j], paidAt[j], keys[j] = cb.Amount, cb.Currency, cb.PaidAt, ds[i].Key
+		verifiedBy[j] = nullable(ds[i].VerifiedBy)
 		byOrder[cb.OrderNo] = i
 	}
-	rows, _ := tx.Query(ctx, payAllSQL, orderNos, providers, txnIDs, amounts, currencies, paidAt, keys)
+	rows, _ := tx.Query(ctx, payAllSQL, orderNos, providers, txnIDs, amounts, currencies, paidAt, keys, verifiedBy)
 	paidOrders, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, candidates[0], classify(fmt.Errorf("payment: pay %d orders: %w", n, err))

@@ -117,13 +117,14 @@ func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery)
 	if err != nil {
 		return err
 	}
-	return h.apply(ctx, tx, d.Key, cb)
+	return h.apply(ctx, tx, d, cb)
 }
 
-// apply applies the decoded callback cb, whose idempotency key is key, through tx, and logs what it
-// did once the transaction commits (see inboxworker.AfterCommit): never a line for work rolled back.
-func (h *Handler) apply(ctx context.Context, tx pgx.Tx, key string, cb Callback) error {
-	a := &application{tx: tx, cb: cb, key: key}
+// apply applies the decoded callback cb of d through tx, and logs what it did once the transaction
+// commits (see inboxworker.AfterCommit): never a line for work rolled back.
+func (h *Handler) apply(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery, cb Callback) error {
+	key := d.Key
+	a := &application{tx: tx, cb: cb, key: key, verifiedBy: nullable(d.VerifiedBy)}
 	var done string
 	var err error
 	if cb.Result == Success {
@@ -170,6 +171,17 @@ type application struct {
 	tx  pgx.Tx
 	cb  Callback
 	key string
+	// verifiedBy names the key that verified the callback (payments.verified_by); nil when the
+	// route does not verify.
+	verifiedBy *string
+}
+
+// nullable is s, nil when empty: NULL in a column.
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
 
 // Effects that are not anomalies, for the log.
@@ -194,8 +206,8 @@ WITH bound AS (
 	WHERE order_no = (SELECT order_no FROM bound) AND status = 'PENDING' AND amount = $4::numeric AND currency = $5
 	RETURNING order_no
 ), recorded AS (
-	INSERT INTO payments (provider, provider_txn_id, order_no, amount, currency, result, paid_at, idempotency_key)
-	SELECT $1, $2, order_no, $4::numeric, $5, 'SUCCESS', $6, $7 FROM paid
+	INSERT INTO payments (provider, provider_txn_id, order_no, amount, currency, result, paid_at, idempotency_key, verified_by)
+	SELECT $1, $2, order_no, $4::numeric, $5, 'SUCCESS', $6, $7, $8 FROM paid
 	RETURNING order_no
 )
 SELECT EXISTS (SELECT FROM bound), EXISTS (SELECT FROM recorded)`
@@ -208,7 +220,7 @@ func (a *application) success(ctx context.Context) (string, error) {
 	cb := a.cb
 	var bound, paid bool
 	err := a.tx.QueryRow(ctx, payNewSQL, cb.Provider, cb.ProviderTxnID, cb.OrderNo, cb.Amount, cb.Currency,
-		cb.PaidAt, a.key).Scan(&bound, &paid)
+		cb.PaidAt, a.key, a.verifiedBy).Scan(&bound, &paid)
 	if err != nil {
 		return "", classify(fmt.Errorf("payment: pay order %s: %w", cb.OrderNo, err))
 	}
@@ -304,11 +316,11 @@ WHERE order_no = $1 AND status = 'PENDING' AND amount = $2::numeric AND currency
 // has checked is this order's, is upgraded only from FAILED (a provider retrying one payment
 // intent).
 const upsertSuccessSQL = `
-INSERT INTO payments AS p (provider, provider_txn_id, order_no, amount, currency, result, paid_at, idempotency_key)
-VALUES ($1, $2, $3, $4::numeric, $5, 'SUCCESS', $6, $7)
+INSERT INTO payments AS p (provider, provider_txn_id, order_no, amount, currency, result, paid_at, idempotency_key, verified_by)
+VALUES ($1, $2, $3, $4::numeric, $5, 'SUCCESS', $6, $7, $8)
 ON CONFLICT (provider, provider_txn_id) DO UPDATE
 SET result = 'SUCCESS', amount = excluded.amount, currency = excluded.currency, paid_at = excluded.paid_at,
-    idempotency_key = excluded.idempotency_key, received_at = now()
+    idempotency_key = excluded.idempotency_key, verified_by = excluded.verified_by, received_at = now()
 WHERE p.result = 'FAILED' AND p.order_no = excluded.order_no`
 
 // markPaid moves the locked order PENDING → PAID if it is PENDING with the callback's amount and
@@ -323,7 +335,7 @@ func (a *application) markPaid(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	tag, err = a.tx.Exec(ctx, upsertSuccessSQL, cb.Provider, cb.ProviderTxnID, cb.OrderNo, cb.Amount,
-		cb.Currency, cb.PaidAt, a.key)
+		cb.Currency, cb.PaidAt, a.key, a.verifiedBy)
 	if err != nil {
 		return false, classify(fmt.Errorf("payment: record payment: %w", err))
 	}
@@ -354,10 +366,10 @@ func (a *application) failed(ctx context.Context) (string, error) {
 	}
 	cb := a.cb
 	tag, err := a.tx.Exec(ctx, `
-		INSERT INTO payments (provider, provider_txn_id, order_no, amount, currency, result, paid_at, idempotency_key)
-		VALUES ($1, $2, $3, $4::numeric, $5, 'FAILED', $6, $7)
+		INSERT INTO payments (provider, provider_txn_id, order_no, amount, currency, result, paid_at, idempotency_key, verified_by)
+		VALUES ($1, $2, $3, $4::numeric, $5, 'FAILED', $6, $7, $8)
 		ON CONFLICT (provider, provider_txn_id) DO NOTHING`,
-		cb.Provider, cb.ProviderTxnID, cb.OrderNo, cb.Amount, cb.Currency, cb.PaidAt, a.key)
+		cb.Provider, cb.ProviderTxnID, cb.OrderNo, cb.Amount, cb.Currency, cb.PaidAt, a.key, a.verifiedBy)
 	if err != nil {
 		return "", classify(fmt.Errorf("payment: record failed payment: %w", err))
 	}
@@ -434,6 +446,8 @@ type anomalyDetail struct {
 	ReceivedCurrency string    `json:"received_currency"`
 	PaidAt           time.Time `json:"paid_at"`
 	IdempotencyKey   string    `json:"idempotency_key"`
+	// VerifiedBy names the key that verified the callback, when callbacks are verified.
+	VerifiedBy *string `json:"verified_by,omitempty"`
 	// The payment that paid the order first (duplicate_payment).
 	PreviousProviderTxnID string `json:"previous_provider_txn_id,omitempty"`
 	PreviousProvider      string `json:"previous_provider,omitempty"`
@@ -452,6 +466,7 @@ func (a *application) anomaly(ctx context.Context, kind string, o order) (string
 		ReceivedCurrency: cb.Currency,
 		PaidAt:           cb.PaidAt,
 		IdempotencyKey:   a.key,
+		VerifiedBy:       a.verifiedBy,
 	}
 	if kind == DuplicatePayment && o.txnID != nil {
 		detail.PreviousProviderTxnID = *o.txnID

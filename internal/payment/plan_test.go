@@ -28,11 +28,11 @@ func TestPayAllPlan(t *testing.T) {
 			SELECT 'ORD-' || i, 'user-1', 99.90, 'CNY' FROM generate_series(1, $1) AS i`, orders); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := conn.Exec(ctx, `PREPARE pay_all (text[], text[], text[], text[], text[], timestamptz[], text[]) AS `+
+		if _, err := conn.Exec(ctx, `PREPARE pay_all (text[], text[], text[], text[], text[], timestamptz[], text[], text[]) AS `+
 			payAllSQL); err != nil {
 			t.Fatal(err)
 		}
-		rows, _ := conn.Query(ctx, `EXPLAIN (COSTS OFF) EXECUTE pay_all ('{}', '{}', '{}', '{}', '{}', '{}', '{}')`)
+		rows, _ := conn.Query(ctx, `EXPLAIN (COSTS OFF) EXECUTE pay_all ('{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')`)
 		var plan []string
 		for rows.Next() {
 			var line string

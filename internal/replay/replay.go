@@ -319,7 +319,7 @@ func (r *state) take(ctx context.Context, partition int, rec *kafka.Record) erro
 	}
 	letter, headers := deadletter.Read(rec.Headers)
 	d := &deadLetter{partition: partition, offset: rec.Offset, reason: string(letter.Reason),
-		message: kafka.Message{Topic: letter.Topic, Key: key, Value: value, Headers: headers}}
+		message: kafka.Message{Topic: letter.Topic, Key: key, Value: value, Headers: headers, Time: letter.Produced}}
 	log := r.logger.With(slog.String("dlq_topic", r.dlqTopic), slog.Int("partition", partition),
 		slog.Int64("offset", rec.Offset), slog.String("reason", d.reason))
 	return r.keep(ctx, d, log)
@@ -332,9 +332,10 @@ func (r *state) readStored(ctx context.Context) error {
 		return nil
 	}
 	err := r.stored.Pending(ctx, r.dlqTopic, func(s deadletter.Stored) (bool, error) {
-		_, headers := deadletter.Read(s.Headers)
+		letter, headers := deadletter.Read(s.Headers)
 		d := &deadLetter{storedID: s.ID, reason: string(s.Letter.Reason),
-			message: kafka.Message{Topic: s.Letter.Topic, Key: s.Key, Value: s.Value, Headers: headers}}
+			message: kafka.Message{Topic: s.Letter.Topic, Key: s.Key, Value: s.Value, Headers: headers,
+				Time: letter.Produced}}
 		log := r.logger.With(slog.String("dlq_topic", r.dlqTopic), slog.Int64("dead_letters_id", s.ID),
 			slog.String("reason", d.reason))
 		err := r.keep(ctx, d, log)
