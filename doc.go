@@ -13,8 +13,10 @@
 //     happened; Expired and Suppressed decline a message on purpose, its key recorded (a code
 //     sent too late, a recipient over a limit); AfterCommit runs what must follow only a commit
 //     (a log line);
-//   - a Route binds a topic to its handler; New builds a Worker of the routes from a Config, and
-//     Run consumes until its context is cancelled. Migrate creates the worker's tables.
+//   - a Route binds a topic to its handler, and may verify each message before anything of it is
+//     recorded (a Verifier: a provider's signature; one that does not verify is dead-lettered
+//     BadSignature); New builds a Worker of the routes from a Config, and Run consumes until its
+//     context is cancelled. Migrate creates the worker's tables.
 //
 // The worker fetches, orders (messages of one Kafka key one after another), retries with backoff,
 // parks a message that keeps failing out of its partition's way, pauses a route whose dependency

@@ -13,8 +13,9 @@ import (
 // one), its value as received (Value), and which attempt at it this is (Attempt, from 1: each run
 // of its handler counts, in place, in a batch or once parked; a call route's lease carries the
 // count of its calls across processes), and when it was produced (Produced: its record's
-// timestamp, for a handler that drops what is too old to be of use). A handler never sees a Kafka
-// type, an offset or a retry policy.
+// timestamp, for a handler that drops what is too old to be of use), and the name of the key that
+// verified it (VerifiedBy: when its route verifies messages, Route.Verify; else ""). A handler never
+// sees a Kafka type, an offset or a retry policy.
 type Delivery = inbox.Delivery
 
 // Handler applies one message's effect through tx, the transaction that also writes the message's

@@ -101,8 +101,11 @@ var modes = map[string]mode{
 	"batch":   runWorker(consumer.PerBatch),
 	// batch_events is batch with the order events emitted through the outbox and relayed.
 	"batch_events": runPayments(consumer.PerBatch, true),
-	"copy":         runCopy,
-	"sms":          runSMS,
+	// batch_hmac and batch_ed25519 are batch with every callback signed, and verified.
+	"batch_hmac":    runWorker(consumer.PerBatch),
+	"batch_ed25519": runWorker(consumer.PerBatch),
+	"copy":          runCopy,
+	"sms":           runSMS,
 }
 
 func run(ctx context.Context, cfg config, out io.Writer) error {
@@ -135,6 +138,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 
 	var results []result
 	for i, m := range cfg.Modes {
+		s.signing = modeSigning[m]
 		e := &env{cfg: cfg, addr: addr, topic: topics[i], stream: s}
 		r, err := runMode(ctx, e, m)
 		if err != nil {
@@ -234,6 +238,8 @@ func report(out io.Writer, results []result) {
 	ratio("batch", "kafka")
 	ratio("batch", "copy")
 	ratio("batch_events", "batch")
+	ratio("batch_hmac", "batch")
+	ratio("batch_ed25519", "batch")
 	for _, r := range results {
 		if r.Note != "" {
 			fmt.Fprintln(out, r.Note)

@@ -30,6 +30,8 @@ type stream struct {
 	n      int
 	unique int // distinct callbacks, one per order
 	every  int // every every-th message is a redelivery
+	// signing signs each message as a provider would, the idempotency key its webhook-id.
+	signing signing
 }
 
 func newStream(n int, redeliveries float64) stream {
@@ -66,6 +68,9 @@ func (s stream) message(j int) kafka.Message {
 	}
 	c := s.callback(i)
 	value, _ := json.Marshal(c)
+	if s.signing != unsigned {
+		return kafka.Message{Key: []byte(c.OrderNo), Value: value, Headers: s.signing.headers(c.EventID, value)}
+	}
 	return kafka.Message{
 		Key:     []byte(c.OrderNo),
 		Value:   value,

@@ -56,12 +56,16 @@ func runPayments(transactions consumer.Transactions, events bool) mode {
 			}
 			defer stop()
 		}
+		verify, err := e.stream.signing.verify()
+		if err != nil {
+			return result{}, err
+		}
 		metrics := consumer.NewMetrics(prometheus.NewRegistry())
 		progress := newProgress(e.topic, ends)
 		c, err := consumer.New(consumer.Config{
 			Brokers:      []string{e.addr},
 			GroupID:      "bench-" + transactions.String(),
-			Routes:       []consumer.Route{{Topic: e.topic, Name: "payments", Handler: handler}},
+			Routes:       []consumer.Route{{Topic: e.topic, Name: "payments", Handler: handler, Verify: verify}},
 			Transactions: transactions,
 			BatchSize:    e.cfg.BatchSize,
 			BatchWait:    e.cfg.BatchWait,
