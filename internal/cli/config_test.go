@@ -101,6 +101,20 @@ func TestConfigErrors(t *testing.T) {
 		{"TokenWithSpace", map[string]string{"SMS_PROVIDER_URL": "https://sms.example/send",
 			"SMS_PROVIDER_TOKEN": "s3cret token"}, []string{"run"},
 			`worker: SMS_PROVIDER_TOKEN: must be printable ASCII without spaces`},
+		{"UnknownSignature", map[string]string{"PAYMENT_SIGNATURE": "stripe"}, []string{"run"},
+			`worker: PAYMENT_SIGNATURE: unknown scheme "stripe" (use off or standard-webhooks)`},
+		{"SignatureWithoutKeys", map[string]string{"PAYMENT_SIGNATURE": "standard-webhooks"}, []string{"run"},
+			`worker: PAYMENT_SIGNING_KEYS: required with PAYMENT_SIGNATURE standard-webhooks`},
+		{"KeysWithoutSignature", map[string]string{"PAYMENT_SIGNING_KEYS": "p:whsec_MDEyMzQ1Njc4OWFiY2RlZg=="}, []string{"run"},
+			`worker: PAYMENT_SIGNING_KEYS: set with PAYMENT_SIGNATURE off: callbacks would not be verified (set PAYMENT_SIGNATURE standard-webhooks)`},
+		{"ShortSigningKey", map[string]string{"PAYMENT_SIGNATURE": "standard-webhooks",
+			"PAYMENT_SIGNING_KEYS": "p:whsec_c2hvcnQ="}, []string{"run"},
+			`worker: PAYMENT_SIGNING_KEYS: key p: a secret of 5 bytes: use 16 to 512`},
+		{"SigningKeyTwice", nil, []string{"run", "--payment-signature=standard-webhooks",
+			"--payment-signing-keys=p:whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQ=,p:whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQ="},
+			`worker: --payment-signing-keys: key p is given twice`},
+		{"HugeSignatureTolerance", map[string]string{"PAYMENT_SIGNATURE_TOLERANCE": "48h"}, []string{"run"},
+			`worker: PAYMENT_SIGNATURE_TOLERANCE: must be from 1s to 24h, got "48h"`},
 		{"BadLogLevel", map[string]string{"LOG_LEVEL": "loud"}, []string{"run"},
 			`worker: LOG_LEVEL: invalid level "loud" (use debug, info, warn or error)`},
 		{"BadLogFormat", map[string]string{"LOG_FORMAT": "xml"}, []string{"dev"},
@@ -429,5 +443,19 @@ func TestSMSTrafficSettings(t *testing.T) {
 	}
 	if cfg := parseConfig(t, nil, "run"); cfg.SMSValidity != nil || cfg.SMSRecipientLimits != nil {
 		t.Errorf("unset: %v, %v; want none", cfg.SMSValidity, cfg.SMSRecipientLimits)
+	}
+}
+
+// TestSigningKeysShown: the startup line shows the signing keys' names, never a key.
+func TestSigningKeysShown(t *testing.T) {
+	t.Parallel()
+	const secret = "c2VjcmV0LXNlY3JldC1zZWNyZXQ="
+	cfg := parseConfig(t, map[string]string{"PAYMENT_SIGNATURE": "standard-webhooks",
+		"PAYMENT_SIGNING_KEYS": "old:whsec_" + secret + ", new:whsec_" + secret}, "run")
+	if got := strings.Join(cfg.PaymentSigningKeys.Names(), ","); got != "old,new" {
+		t.Errorf("keys %s, want old,new", got)
+	}
+	if shown := cfg.resolved.Shown["PAYMENT_SIGNING_KEYS"]; shown != "old,new" {
+		t.Errorf("the startup line shows %q, want the names alone", shown)
 	}
 }
