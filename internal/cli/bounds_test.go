@@ -51,7 +51,8 @@ func edgesOf(t *testing.T, b envflag.Bound) edges {
 
 // compatible are values of the settings checked against one another that let either edge of the
 // other pass.
-var compatible = map[string]string{"RETRY_INITIAL_INTERVAL": "10ms", "RETRY_MAX_INTERVAL": "1h"}
+var compatible = map[string]string{"RETRY_INITIAL_INTERVAL": "10ms", "RETRY_MAX_INTERVAL": "1h",
+	"RECONCILE_AFTER": "1s", "RECONCILE_MAX_AGE": "8760h"}
 
 // commandOf is a command that reads s.
 func commandOf(t *testing.T, s *setting) string {

@@ -38,6 +38,15 @@ type Config struct {
 	PaymentSigningKeys        signature.Keys
 	PaymentSignatureTolerance time.Duration
 
+	// PaymentStatusURL, when set, is the provider's status endpoint, asked with PaymentStatusToken
+	// about the orders PENDING past ReconcileAfter, at most PaymentStatusRateLimit a second for
+	// the group, until ReconcileMaxAge (package reconcile).
+	PaymentStatusURL       string
+	PaymentStatusToken     string
+	PaymentStatusRateLimit int
+	ReconcileAfter         time.Duration
+	ReconcileMaxAge        time.Duration
+
 	SMSProviderURL   string
 	SMSProviderToken string
 	// SMSProviderTimeout bounds each request to the provider, its answer included. The SMS route's
@@ -160,6 +169,25 @@ var settings = []*setting{
 		Usage: "most time between a callback's webhook-timestamp and its record's timestamp, when the receiver produced it",
 		Bound: envflag.Durations(time.Second, 24*time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.PaymentSignatureTolerance, v) }},
+	{Env: "PAYMENT_STATUS_URL", Flag: "payment-status-url", Meta: "URL", Shown: url, Use: useTopics,
+		Usage: "the payment provider's status endpoint, asked about each order left PENDING (GET URL?order_no=…); " +
+			"unset: no reconciliation",
+		Set: func(c *Config, v string) error { c.PaymentStatusURL = v; return nil }},
+	{Env: "PAYMENT_STATUS_TOKEN", Flag: "payment-status-token", Meta: "SECRET", Shown: secret, Use: useTopics,
+		Usage: "sent to the status endpoint as Authorization: Bearer (never logged)",
+		Set:   func(c *Config, v string) error { c.PaymentStatusToken = v; return nil }},
+	{Env: "PAYMENT_STATUS_RATE_LIMIT", Flag: "payment-status-rate-limit", Default: "10", Meta: "N", Use: useTopics,
+		Usage: "most requests a second to the status endpoint, for the whole consumer group",
+		Bound: envflag.Counts(1, 10000),
+		Set:   func(c *Config, v string) error { return envflag.Positive(&c.PaymentStatusRateLimit, v) }},
+	{Env: "RECONCILE_AFTER", Flag: "reconcile-after", Default: "10m", Meta: "DURATION", Use: useTopics,
+		Usage: "how long after its creation a PENDING order is first asked about; then again at doubling intervals, at most an hour apart",
+		Bound: envflag.Durations(time.Second, 24*time.Hour),
+		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.ReconcileAfter, v) }},
+	{Env: "RECONCILE_MAX_AGE", Flag: "reconcile-max-age", Default: "72h", Meta: "DURATION", Use: useTopics,
+		Usage: "the age after which a PENDING order is no longer asked about: left PENDING and counted, never cancelled",
+		Bound: envflag.Durations(time.Minute, 8760*time.Hour),
+		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.ReconcileMaxAge, v) }},
 	{Env: "SMS_PROVIDER_URL", Flag: "sms-provider-url", Meta: "URL", Shown: url, Use: useTopics,
 		Usage: "HTTP SMS gateway (unset: SMS are only logged, with a warning at start)",
 		Set:   func(c *Config, v string) error { c.SMSProviderURL = v; return nil }},
@@ -312,6 +340,10 @@ func (c *Config) check(name func(env string) string) error {
 			c.RetryInitialInterval, c.RetryMaxInterval)
 	case c.SMSProviderToken != "" && c.SMSProviderURL == "":
 		return fail("SMS_PROVIDER_TOKEN", "set without SMS_PROVIDER_URL")
+	case c.PaymentStatusToken != "" && c.PaymentStatusURL == "":
+		return fail("PAYMENT_STATUS_TOKEN", "set without PAYMENT_STATUS_URL")
+	case c.ReconcileAfter >= c.ReconcileMaxAge:
+		return fail("RECONCILE_AFTER", "%s is not less than RECONCILE_MAX_AGE %s", c.ReconcileAfter, c.ReconcileMaxAge)
 	case c.PaymentSignature == "standard-webhooks" && len(c.PaymentSigningKeys) == 0:
 		return fail("PAYMENT_SIGNING_KEYS", "required with PAYMENT_SIGNATURE standard-webhooks")
 	case c.PaymentSignature == "off" && len(c.PaymentSigningKeys) > 0:
@@ -320,6 +352,9 @@ func (c *Config) check(name func(env string) string) error {
 	}
 	if err := c.checkTopics(fail); err != nil {
 		return err
+	}
+	if _, err := paymentStatus(c); err != nil {
+		return fail("PAYMENT_STATUS_URL", "%v", err)
 	}
 	// The provider's URL and token are checked by the sender itself, here rather than once the
 	// connections are made.

@@ -76,7 +76,9 @@ type worker struct {
 	// outboxMetrics are the relay's, registered before it is built.
 	outboxMetrics *outbox.Metrics
 	anomalies     *anomalyGauge
-	ops           *opsServer
+	// reconciliation counts the orders left PENDING, and asks the provider about them.
+	reconciliation *reconciliation
+	ops            *opsServer
 	// stopBy is when SHUTDOWN_TIMEOUT runs out, once the worker is stopping; zero before.
 	stopBy time.Time
 }
@@ -160,7 +162,10 @@ func (w *worker) wire(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w.worker, err = inboxworker.New(w.workerConfig(routes, mechanism, tlsConfig))
+	if w.worker, err = inboxworker.New(w.workerConfig(routes, mechanism, tlsConfig)); err != nil {
+		return err
+	}
+	w.reconciliation, err = newReconciliation(cfg, w.pool, w.registry, logger)
 	return err
 }
 
@@ -300,6 +305,7 @@ func (w *worker) run(ctx context.Context) (err error) {
 	}
 	purgeCtx, stopPurge := context.WithCancel(ctx)
 	wg.Go(func() { w.anomalies.run(purgeCtx, w.pool, w.logger) })
+	wg.Go(func() { w.reconciliation.run(purgeCtx, w.cfg, w.pool, w.logger) })
 	stuck := false
 	defer func() {
 		stopPurge()

@@ -91,7 +91,7 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 	// Taken before the lease, so that the deadline on this clock falls before the lease's end on
 	// Postgres's clock, whatever their offset.
 	deadline := time.Now().Add(call.Lease * 2 / 3)
-	l := &lease{msg: msg, holder: newHolder()}
+	l := &lease{msg: msg, holder: NewHolder()}
 	outcome, err := s.takeLease(ctx, l, call)
 	if err != nil || outcome != "" {
 		return outcome, err
@@ -152,9 +152,10 @@ type lease struct {
 	attempts int // the key's calls, this one's included
 }
 
-// newHolder names a lease's holder: the host and process, for an operator reading inbox_leases, and a random
-// part that tells two callers of one process apart.
-func newHolder() string {
+// NewHolder names the holder of something the instances of a group share (a lease on a key, the
+// outbox relay's lease, an order being reconciled): the host and process, for an operator reading
+// the table, and a random part that tells two holders of one process apart.
+func NewHolder() string {
 	host, _ := os.Hostname()
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)

@@ -2,12 +2,9 @@ package outbox
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -222,13 +219,4 @@ func (r *Relay) release(ctx context.Context) {
 	}
 	r.epoch = 0
 	r.setHolding(false)
-}
-
-// newHolder names a relay: the host and process, for an operator reading outbox_relay_lease, and a
-// random part that tells two relays of one process apart.
-func newHolder() string {
-	host, _ := os.Hostname()
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b))
 }

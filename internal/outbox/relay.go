@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
+
+	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
 // HeaderIdempotencyKey is the Kafka header carrying an event's id.
@@ -136,7 +138,7 @@ func NewRelay(config RelayConfig) (*Relay, error) {
 	case c.LeaseTTL < c.WriteTimeout+batchTimeout+fenceMargin+renewEvery(c.LeaseTTL):
 		return nil, fmt.Errorf("outbox: RelayConfig.LeaseTTL %s is too short for WriteTimeout %s", c.LeaseTTL, c.WriteTimeout)
 	}
-	r := &Relay{config: c, log: c.Logger, holder: newHolder()}
+	r := &Relay{config: c, log: c.Logger, holder: inbox.NewHolder()}
 	r.writer = &kafka.Writer{
 		Addr:         kafka.TCP(c.Brokers...),
 		Balancer:     &kafka.Hash{}, // as producers of order numbers and phone numbers do

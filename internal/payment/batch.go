@@ -138,14 +138,14 @@ func (h *Handler) payAll(ctx context.Context, tx pgx.Tx, ds []inboxworker.Delive
 	for _, orderNo := range paidOrders {
 		i := byOrder[orderNo]
 		paid[i] = true
-		done = append(done, applied{key: ds[i].Key, cb: cbs[i], effect: effectPaid})
+		done = append(done, applied{key: ds[i].Key, cb: cbs[i], effect: EffectPaid})
 	}
 	// The events of the orders paid, in one statement too.
 	if err := h.emit(ctx, tx, done); err != nil {
 		return nil, candidates[0], err
 	}
 	for _, a := range done {
-		h.logAfterCommit(ctx, h.appliedLevel, "payment callback applied", a.key, a.cb, slog.String("effect", effectPaid))
+		h.logAfterCommit(ctx, h.appliedLevel, "payment callback applied", a.key, a.cb, slog.String("effect", EffectPaid))
 	}
 	return paid, 0, nil
 }

@@ -67,9 +67,9 @@ func (h *Handler) emit(ctx context.Context, tx pgx.Tx, done []applied) error {
 		value := Event{OrderNo: a.cb.OrderNo, Provider: a.cb.Provider, ProviderTxnID: a.cb.ProviderTxnID,
 			Amount: a.cb.Amount, Currency: a.cb.Currency, PaidAt: a.cb.PaidAt, CallbackKey: a.key}
 		switch a.effect {
-		case effectPaid:
+		case EffectPaid:
 			value.Type = EventOrderPaid
-		case effectFailedRecorded:
+		case EffectFailedRecorded:
 			value.Type = EventPaymentFailed
 		case AmountMismatch, DuplicatePayment, PaidAfterCancel:
 			value.Type, value.Kind = EventPaymentAnomaly, a.effect

@@ -123,8 +123,24 @@ func (h *Handler) Handle(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery)
 // apply applies the decoded callback cb of d through tx, and logs what it did once the transaction
 // commits (see inboxworker.AfterCommit): never a line for work rolled back.
 func (h *Handler) apply(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery, cb Callback) error {
-	key := d.Key
-	a := &application{tx: tx, cb: cb, key: key, verifiedBy: nullable(d.VerifiedBy)}
+	_, err := h.run(ctx, &application{tx: tx, cb: cb, key: d.Key, verifiedBy: nullable(d.VerifiedBy)})
+	return err
+}
+
+// Reconciled applies cb, the provider's answer about an order the worker asked it about
+// (reconciliation), through tx, exactly as the callback with its fields would be applied: the same
+// state machine, the same business key (provider, provider_txn_id), so that the callback itself,
+// arriving before, during or after the answer, is applied once in all. What it records says source
+// reconciliation, and key stands for the idempotency key a callback has. It returns what it did
+// (EffectPaid, EffectFailedRecorded or an anomaly kind), or what Handle would: ErrAlreadyApplied
+// with nothing written, or an error. It logs nothing: its caller does, once tx commits.
+func (h *Handler) Reconciled(ctx context.Context, tx pgx.Tx, key string, cb Callback) (string, error) {
+	return h.run(ctx, &application{tx: tx, cb: cb, key: key, source: sourceReconciliation})
+}
+
+// run applies a's callback and emits its event, and returns what it did.
+func (h *Handler) run(ctx context.Context, a *application) (string, error) {
+	key, cb := a.key, a.cb
 	var done string
 	var err error
 	if cb.Result == Success {
@@ -135,12 +151,12 @@ func (h *Handler) apply(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery, 
 	switch {
 	case errors.Is(err, inboxworker.ErrAlreadyApplied):
 		h.logAfterCommit(ctx, slog.LevelDebug, "payment callback already applied", key, cb)
-		return err
+		return "", err
 	case err != nil:
-		return err
+		return "", err
 	}
-	if err := h.emit(ctx, tx, []applied{{key: key, cb: cb, effect: done}}); err != nil {
-		return err
+	if err := h.emit(ctx, a.tx, []applied{{key: key, cb: cb, effect: done}}); err != nil {
+		return "", err
 	}
 	switch {
 	case done == AmountMismatch || done == DuplicatePayment || done == PaidAfterCancel:
@@ -148,7 +164,7 @@ func (h *Handler) apply(ctx context.Context, tx pgx.Tx, d inboxworker.Delivery, 
 	default:
 		h.logAfterCommit(ctx, h.appliedLevel, "payment callback applied", key, cb, slog.String("effect", done))
 	}
-	return nil
+	return done, nil
 }
 
 // logAfterCommit logs msg about the callback cb, whose idempotency key is key, once the transaction
@@ -174,7 +190,16 @@ type application struct {
 	// verifiedBy names the key that verified the callback (payments.verified_by); nil when the
 	// route does not verify.
 	verifiedBy *string
+	// source is where the callback came from (payments.source): "" for a callback, else
+	// sourceReconciliation.
+	source string
 }
+
+// sourceReconciliation is payments.source of a payment the provider's answer recorded.
+const sourceReconciliation = "reconciliation"
+
+// sourceOf is payments.source of a: callback, or reconciliation.
+func (a *application) sourceOf() string { return cmp.Or(a.source, "callback") }
 
 // nullable is s, nil when empty: NULL in a column.
 func nullable(s string) *string {
@@ -186,8 +211,8 @@ func nullable(s string) *string {
 
 // Effects that are not anomalies, for the log.
 const (
-	effectPaid           = "order_paid"
-	effectFailedRecorded = "failed_payment_recorded"
+	EffectPaid           = "order_paid"
+	EffectFailedRecorded = "failed_payment_recorded"
 )
 
 // payNewSQL records the callback's provider transaction for its order and money, and, if that
@@ -206,8 +231,8 @@ WITH bound AS (
 	WHERE order_no = (SELECT order_no FROM bound) AND status = 'PENDING' AND amount = $4::numeric AND currency = $5
 	RETURNING order_no
 ), recorded AS (
-	INSERT INTO payments (provider, provider_txn_id, order_no, amount, currency, result, paid_at, idempotency_key, verified_by)
-	SELECT $1, $2, order_no, $4::numeric, $5, 'SUCCESS', $6, $7, $8 FROM paid
+	INSERT INTO payments (provider, provider_txn_id, order_no, amount, currency, result, paid_at, idempotency_key, verified_by, source)
+	SELECT $1, $2, order_no, $4::numeric, $5, 'SUCCESS', $6, $7, $8, $9 FROM paid
 	RETURNING order_no
 )
 SELECT EXISTS (SELECT FROM bound), EXISTS (SELECT FROM recorded)`
@@ -220,12 +245,12 @@ func (a *application) success(ctx context.Context) (string, error) {
 	cb := a.cb
 	var bound, paid bool
 	err := a.tx.QueryRow(ctx, payNewSQL, cb.Provider, cb.ProviderTxnID, cb.OrderNo, cb.Amount, cb.Currency,
-		cb.PaidAt, a.key, a.verifiedBy).Scan(&bound, &paid)
+		cb.PaidAt, a.key, a.verifiedBy, a.sourceOf()).Scan(&bound, &paid)
 	if err != nil {
 		return "", classify(fmt.Errorf("payment: pay order %s: %w", cb.OrderNo, err))
 	}
 	if paid {
-		return effectPaid, nil
+		return EffectPaid, nil
 	}
 	if !bound {
 		// Recorded before: for this order and this money, or the callback is refused.
@@ -247,7 +272,7 @@ func (a *application) success(ctx context.Context) (string, error) {
 		// order was committed after payNewSQL's snapshot was taken: with the row locked now, the
 		// UPDATE cannot miss it.
 		if paid, err := a.markPaid(ctx); err != nil || paid {
-			return effectPaid, err
+			return EffectPaid, err
 		}
 		return "", fmt.Errorf("payment: order %s: locked PENDING order not updated", a.cb.OrderNo)
 	case statusPaid:
@@ -316,11 +341,12 @@ WHERE order_no = $1 AND status = 'PENDING' AND amount = $2::numeric AND currency
 // has checked is this order's, is upgraded only from FAILED (a provider retrying one payment
 // intent).
 const upsertSuccessSQL = `
-INSERT INTO payments AS p (provider, provider_txn_id, order_no, amount, currency, result, paid_at, idempotency_key, verified_by)
-VALUES ($1, $2, $3, $4::numeric, $5, 'SUCCESS', $6, $7, $8)
+INSERT INTO payments AS p (provider, provider_txn_id, order_no, amount, currency, result, paid_at, idempotency_key, verified_by, source)
+VALUES ($1, $2, $3, $4::numeric, $5, 'SUCCESS', $6, $7, $8, $9)
 ON CONFLICT (provider, provider_txn_id) DO UPDATE
 SET result = 'SUCCESS', amount = excluded.amount, currency = excluded.currency, paid_at = excluded.paid_at,
-    idempotency_key = excluded.idempotency_key, verified_by = excluded.verified_by, received_at = now()
+    idempotency_key = excluded.idempotency_key, verified_by = excluded.verified_by, source = excluded.source,
+    received_at = now()
 WHERE p.result = 'FAILED' AND p.order_no = excluded.order_no`
 
 // markPaid moves the locked order PENDING → PAID if it is PENDING with the callback's amount and
@@ -335,7 +361,7 @@ func (a *application) markPaid(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	tag, err = a.tx.Exec(ctx, upsertSuccessSQL, cb.Provider, cb.ProviderTxnID, cb.OrderNo, cb.Amount,
-		cb.Currency, cb.PaidAt, a.key, a.verifiedBy)
+		cb.Currency, cb.PaidAt, a.key, a.verifiedBy, a.sourceOf())
 	if err != nil {
 		return false, classify(fmt.Errorf("payment: record payment: %w", err))
 	}
@@ -366,17 +392,17 @@ func (a *application) failed(ctx context.Context) (string, error) {
 	}
 	cb := a.cb
 	tag, err := a.tx.Exec(ctx, `
-		INSERT INTO payments (provider, provider_txn_id, order_no, amount, currency, result, paid_at, idempotency_key, verified_by)
-		VALUES ($1, $2, $3, $4::numeric, $5, 'FAILED', $6, $7, $8)
+		INSERT INTO payments (provider, provider_txn_id, order_no, amount, currency, result, paid_at, idempotency_key, verified_by, source)
+		VALUES ($1, $2, $3, $4::numeric, $5, 'FAILED', $6, $7, $8, $9)
 		ON CONFLICT (provider, provider_txn_id) DO NOTHING`,
-		cb.Provider, cb.ProviderTxnID, cb.OrderNo, cb.Amount, cb.Currency, cb.PaidAt, a.key, a.verifiedBy)
+		cb.Provider, cb.ProviderTxnID, cb.OrderNo, cb.Amount, cb.Currency, cb.PaidAt, a.key, a.verifiedBy, a.sourceOf())
 	if err != nil {
 		return "", classify(fmt.Errorf("payment: record failed payment: %w", err))
 	}
 	if tag.RowsAffected() == 0 {
 		return "", inboxworker.ErrAlreadyApplied
 	}
-	return effectFailedRecorded, nil
+	return EffectFailedRecorded, nil
 }
 
 // order is the locked state of an order.
@@ -448,6 +474,8 @@ type anomalyDetail struct {
 	IdempotencyKey   string    `json:"idempotency_key"`
 	// VerifiedBy names the key that verified the callback, when callbacks are verified.
 	VerifiedBy *string `json:"verified_by,omitempty"`
+	// Source is reconciliation when the provider's answer to the worker's question recorded it.
+	Source string `json:"source,omitempty"`
 	// The payment that paid the order first (duplicate_payment).
 	PreviousProviderTxnID string `json:"previous_provider_txn_id,omitempty"`
 	PreviousProvider      string `json:"previous_provider,omitempty"`
@@ -467,6 +495,7 @@ func (a *application) anomaly(ctx context.Context, kind string, o order) (string
 		PaidAt:           cb.PaidAt,
 		IdempotencyKey:   a.key,
 		VerifiedBy:       a.verifiedBy,
+		Source:           a.source,
 	}
 	if kind == DuplicatePayment && o.txnID != nil {
 		detail.PreviousProviderTxnID = *o.txnID

@@ -1,0 +1,287 @@
+// Package reconcile finds the payments whose callbacks never came. It asks the payment provider
+// about each order still PENDING RECONCILE_AFTER after its creation, then again at doubling
+// intervals capped at an hour, until RECONCILE_MAX_AGE; an answer that the order was paid or that
+// its payment failed is applied exactly as the callback with its fields would be (package payment's
+// Handler.Reconciled): the same state machine, the same business key, so that the callback itself,
+// before, during or after the answer, is applied once in all.
+//
+// The instances of a group share the work through the table payment_reconciliations: an instance
+// holds an order while it asks about it (no order is asked about twice at once), and books each
+// request's turn in the group's shared rate schedule (inbox.Store.BookCalls), so that the group asks
+// no more than its rate limit a second, however many instances run. No transaction is open while a
+// request is out. A status endpoint that fails pauses the asking, doubling from a second to a
+// minute, one probe at a time, and costs no order anything: its turn comes again. An order past
+// RECONCILE_MAX_AGE is left PENDING and counted; the worker never cancels an order.
+package reconcile
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxworker/inboxworker"
+	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/payment"
+)
+
+// maxInterval caps the doubling interval between two questions about one order.
+const maxInterval = time.Hour
+
+// holdFor is how long an instance holds an order it asks about: its turn under the rate limit,
+// the request and the record of the answer fit in it many times over. An instance that dies
+// holding one leaves it to the others once it runs out.
+const holdFor = 2 * time.Minute
+
+// Config configures a Reconciler.
+type Config struct {
+	// Pool holds orders, payments and payment_reconciliations. Required.
+	Pool *pgxpool.Pool
+	// Payments applies the answers. Required.
+	Payments *payment.Handler
+	// Store books the requests' turns in the group's shared rate schedule. Required.
+	Store *inbox.Store
+	// Group is the consumer group whose instances share the rate limit. Required.
+	Group string
+	// Status asks the provider. Required.
+	Status *Status
+	// RateLimit is the most requests a second for the whole group. Required.
+	RateLimit float64
+	// After and MaxAge are RECONCILE_AFTER and RECONCILE_MAX_AGE. Required.
+	After, MaxAge time.Duration
+	// Metrics, when set, counts the answers.
+	Metrics *Metrics
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Reconciler asks the provider about the orders left PENDING, until its context ends.
+type Reconciler struct {
+	cfg    Config
+	holder string
+	pause  pause
+	log    *slog.Logger
+	// idle is how long a worker waits when no order is due.
+	idle time.Duration
+}
+
+// New returns a Reconciler of cfg.
+func New(cfg Config) (*Reconciler, error) {
+	switch {
+	case cfg.Pool == nil || cfg.Payments == nil || cfg.Store == nil || cfg.Status == nil || cfg.Group == "":
+		return nil, errors.New("reconcile: Config needs Pool, Payments, Store, Status and Group")
+	case cfg.RateLimit <= 0 || cfg.After <= 0 || cfg.MaxAge <= cfg.After:
+		return nil, fmt.Errorf("reconcile: want a positive rate limit and 0 < After < MaxAge, got %v, %s, %s",
+			cfg.RateLimit, cfg.After, cfg.MaxAge)
+	}
+	log := cmp.Or(cfg.Logger, slog.Default()).With("component", "reconciliation")
+	return &Reconciler{cfg: cfg, holder: inbox.NewHolder(), log: log,
+		idle: min(max(cfg.After/4, 100*time.Millisecond), 5*time.Second)}, nil
+}
+
+// workers is how many of an instance's requests may be out at once: enough to keep to the rate
+// limit at a second a request, never more than 16.
+func (r *Reconciler) workers() int { return min(16, max(1, int(r.cfg.RateLimit+0.5))) }
+
+// Run asks until ctx is done, and returns nil then.
+func (r *Reconciler) Run(ctx context.Context) error {
+	done := make(chan struct{})
+	n := r.workers()
+	for range n {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			r.work(ctx)
+		}()
+	}
+	for range n {
+		<-done
+	}
+	return nil
+}
+
+// work takes one due order after another and asks about it, until ctx is done.
+func (r *Reconciler) work(ctx context.Context) {
+	for {
+		probe, err := r.pause.wait(ctx)
+		if err != nil {
+			return
+		}
+		orderNo, err := r.claim(ctx)
+		if err != nil || orderNo == "" {
+			r.pause.idle(probe)
+			if err != nil && ctx.Err() == nil {
+				r.log.DebugContext(ctx, "cannot look for orders to reconcile", "error", err)
+			}
+			if sleep(ctx, r.idle) != nil {
+				return
+			}
+			continue
+		}
+		if err := r.turn(ctx); err != nil {
+			r.pause.idle(probe)
+			r.release(context.WithoutCancel(ctx), orderNo)
+			if ctx.Err() != nil {
+				return
+			}
+			continue
+		}
+		r.settle(ctx, orderNo, r.cfg.Status.Ask(ctx, orderNo), probe)
+	}
+}
+
+// claimSQL holds the order due first, unless another instance holds it: one PENDING past
+// RECONCILE_AFTER and not past RECONCILE_MAX_AGE, never asked about or due again. SKIP LOCKED
+// keeps instances claiming at once on different orders; the order's row is locked only while this
+// statement's transaction lasts.
+const claimSQL = `
+WITH due AS (
+	SELECT o.order_no FROM orders o LEFT JOIN payment_reconciliations r USING (order_no)
+	WHERE o.status = 'PENDING'
+	  AND o.created_at <= now() - $1 * interval '1 microsecond'
+	  AND o.created_at > now() - $2 * interval '1 microsecond'
+	  AND (r.order_no IS NULL OR (r.next_ask_at <= now() AND (r.held_until IS NULL OR r.held_until <= now())))
+	ORDER BY coalesce(r.next_ask_at, o.created_at + $1 * interval '1 microsecond')
+	LIMIT 1
+	FOR UPDATE OF o SKIP LOCKED
+)
+INSERT INTO payment_reconciliations AS r (order_no, next_ask_at, held_by, held_until)
+SELECT order_no, now(), $3, now() + $4 * interval '1 microsecond' FROM due
+ON CONFLICT (order_no) DO UPDATE SET held_by = excluded.held_by, held_until = excluded.held_until
+WHERE r.next_ask_at <= now() AND (r.held_until IS NULL OR r.held_until <= now())
+RETURNING order_no`
+
+// claim holds the order due first and returns its number; "" when none is due.
+func (r *Reconciler) claim(ctx context.Context) (string, error) {
+	var orderNo string
+	err := r.cfg.Pool.QueryRow(ctx, claimSQL, r.cfg.After.Microseconds(), r.cfg.MaxAge.Microseconds(),
+		r.holder, holdFor.Microseconds()).Scan(&orderNo)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	return orderNo, err
+}
+
+// turn waits for this request's turn in the group's schedule.
+func (r *Reconciler) turn(ctx context.Context) error {
+	every := time.Duration(float64(time.Second) / r.cfg.RateLimit)
+	wait, err := r.cfg.Store.BookCalls(ctx, r.cfg.Group, statusHandler, 1, every)
+	if err != nil {
+		return err
+	}
+	return sleep(ctx, wait)
+}
+
+// statusHandler names reconciliation's requests in the group's rate schedule (inbox_call_rates).
+const statusHandler = "payment_status"
+
+// release gives up the order held, due again at once.
+func (r *Reconciler) release(ctx context.Context, orderNo string) {
+	_, _ = r.cfg.Pool.Exec(ctx, `
+		UPDATE payment_reconciliations SET held_by = NULL, held_until = NULL
+		WHERE order_no = $1 AND held_by = $2`, orderNo, r.holder)
+}
+
+// settle records what the provider answered about orderNo, applying a payment it reports, in one
+// transaction, and counts it once that commits.
+func (r *Reconciler) settle(ctx context.Context, orderNo string, a Answer, probe bool) {
+	log := r.log.With("order_no", orderNo)
+	if a.Result == ResultError {
+		r.failed(ctx, orderNo, a.Err, probe, log)
+		return
+	}
+	r.pause.answered()
+	var effect string
+	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
+		var err error
+		if a.Result == ResultPaid || a.Result == ResultFailed {
+			effect, err = r.cfg.Payments.Reconciled(ctx, tx, "reconciliation:"+orderNo, a.Callback)
+			if errors.Is(err, inboxworker.ErrAlreadyApplied) {
+				effect, err = "", nil // its callback came meanwhile
+			}
+		}
+		if err != nil {
+			return err
+		}
+		return r.record(ctx, tx, orderNo, a.Result, "")
+	})
+	kind, _, _ := fault.Classify(inbox.Classify(err))
+	switch {
+	case err == nil:
+	case kind == fault.KindPermanent:
+		// The answer cannot be applied (a provider transaction bound to another order): a person
+		// looks, and the order is asked about again at its next interval.
+		log.ErrorContext(ctx, "cannot apply the provider's answer about the order", "result", a.Result, "error", err)
+		_ = r.record(context.WithoutCancel(ctx), r.cfg.Pool, orderNo, ResultError, err.Error())
+		r.cfg.Metrics.answered(ResultError)
+		return
+	default:
+		r.release(context.WithoutCancel(ctx), orderNo) // Postgres: asked again once it is back
+		return
+	}
+	r.cfg.Metrics.answered(a.Result)
+	switch {
+	case effect != "":
+		log.WarnContext(ctx, "reconciliation found a payment whose callback never came; applied",
+			"result", a.Result, "effect", effect, "provider", a.Callback.Provider,
+			"provider_txn_id", a.Callback.ProviderTxnID)
+	default:
+		log.DebugContext(ctx, "asked the provider about the order", "result", a.Result)
+	}
+}
+
+// failed records that the provider could not be asked about orderNo: the order is due again at
+// once, and the asking pauses.
+func (r *Reconciler) failed(ctx context.Context, orderNo string, err error, probe bool, log *slog.Logger) {
+	_, _ = r.cfg.Pool.Exec(context.WithoutCancel(ctx), `
+		UPDATE payment_reconciliations SET held_by = NULL, held_until = NULL, last_result = 'error',
+			last_error = left($3, 4096), last_asked_at = now()
+		WHERE order_no = $1 AND held_by = $2`, orderNo, r.holder, err.Error())
+	if ctx.Err() != nil {
+		return
+	}
+	r.cfg.Metrics.answered(ResultError)
+	if delay, first := r.pause.failed(probe); first {
+		log.WarnContext(ctx, "cannot ask the payment provider about an order; pausing reconciliation",
+			"error", err, "delay", delay.String())
+	}
+}
+
+// execer is what a pool and a transaction share.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// record records an answer about orderNo, held by r, and when to ask again: after the doubling
+// interval, counted in answers.
+func (r *Reconciler) record(ctx context.Context, db execer, orderNo, result, problem string) error {
+	_, err := db.Exec(ctx, `
+		UPDATE payment_reconciliations
+		SET asks = asks + 1, last_result = $3, last_error = nullif(left($4, 4096), ''), last_asked_at = now(),
+			next_ask_at = now() + least($5 * power(2, least(asks, 30)), $6) * interval '1 microsecond',
+			held_by = NULL, held_until = NULL
+		WHERE order_no = $1 AND held_by = $2`,
+		orderNo, r.holder, result, problem, r.cfg.After.Microseconds(), maxInterval.Microseconds())
+	return err
+}
+
+// sleep waits d, or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
