@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
+	"time"
 
 	"github.com/inboxworker/inboxworker/internal/demo"
 	"github.com/inboxworker/inboxworker/internal/devbroker"
@@ -48,6 +51,32 @@ func runDemo(ctx context.Context, a *app, cfg *Config, _ []string) error {
 	return playDemo(ctx, a, cfg, logger, broker.Addr)
 }
 
+// demoProvider serves the demo's payment status endpoint on a local port and points
+// PAYMENT_STATUS_URL at it, unless the setting was given: the demo shows a lost callback found by
+// reconciliation. RECONCILE_AFTER, unless given, lets only the demo's lost order be asked about.
+func demoProvider(cfg *Config) (stop func(), err error) {
+	if cfg.explicit("PAYMENT_STATUS_URL") {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("demo: the payment status endpoint: %w", err)
+	}
+	srv := &http.Server{Handler: demo.StatusEndpoint(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	if err := cfg.override("PAYMENT_STATUS_URL", "http://"+ln.Addr().String()+"/status"); err != nil {
+		_ = srv.Close()
+		return nil, err
+	}
+	if !cfg.explicit("RECONCILE_AFTER") {
+		if err := cfg.override("RECONCILE_AFTER", demo.ReconcileAfter); err != nil {
+			_ = srv.Close()
+			return nil, err
+		}
+	}
+	return func() { _ = srv.Close() }, nil
+}
+
 // playDemo runs the worker and the demo's scenario against the broker at brokerAddr, whose topics
 // exist, and prints the summary.
 func playDemo(ctx context.Context, a *app, cfg *Config, logger *slog.Logger, brokerAddr string) error {
@@ -59,6 +88,11 @@ func playDemo(ctx context.Context, a *app, cfg *Config, logger *slog.Logger, bro
 	if err := cfg.override("DEV_KAFKA_ADDR", brokerAddr); err != nil {
 		return err
 	}
+	stopProvider, err := demoProvider(cfg)
+	if err != nil {
+		return err
+	}
+	defer stopProvider()
 	logStart(ctx, logger, "demo", cfg)
 
 	pool, err := startup.OpenPostgres(ctx, postgres(cfg, logger, demo.Schema))

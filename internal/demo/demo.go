@@ -100,6 +100,15 @@ func Play(ctx context.Context, cfg Config) (Outcomes, error) {
 	}
 	fmt.Fprintf(out, "Order %s created after its callback arrived; the worker's retry applies it.\n", lateOrder)
 
+	if err := poll(ctx, func() (bool, error) {
+		var status string
+		err := pool.QueryRow(ctx, `SELECT status FROM orders WHERE order_no = $1`, lostOrder).Scan(&status)
+		return status == "PAID", err
+	}); err != nil {
+		return nil, fmt.Errorf("waiting for reconciliation to find the payment of %s: %w", lostOrder, err)
+	}
+	fmt.Fprintf(out, "Order %s's callback never came; reconciliation asked the provider, which says it was paid.\n", lostOrder)
+
 	if err := poll(ctx, func() (bool, error) { return settled(ctx, client, cfg) }); err != nil {
 		return nil, fmt.Errorf("waiting for the worker to commit every message: %w", err)
 	}
@@ -223,6 +232,11 @@ func CreateOrders(ctx context.Context, pool *pgxpool.Pool) error {
 		('DEMO-1004', 'u-4', 10.00, 'CNY', 'PENDING', NULL),
 		('DEMO-1006', 'u-6', 15.50, 'CNY', 'PENDING', NULL)`)
 	if err != nil {
+		return fmt.Errorf("demo: create orders: %w", err)
+	}
+	// The lost order, paid an hour ago: its callback never comes.
+	if _, err := pool.Exec(ctx, `INSERT INTO orders (order_no, user_id, amount, currency, created_at)
+		VALUES ($1, 'u-7', 30.00, 'CNY', now() - interval '1 hour')`, lostOrder); err != nil {
 		return fmt.Errorf("demo: create orders: %w", err)
 	}
 	return nil
@@ -483,6 +497,7 @@ type summary struct {
 	smsSent      int
 	orders       [][2]string // order number, status
 	chain        chain
+	reconciled   []string // orders paid from the provider's answer, their callbacks lost
 	// outcomes are the consumer's own counts, by "topic/outcome", to check the summary against.
 	outcomes Outcomes
 }
@@ -512,6 +527,9 @@ func readSummary(ctx context.Context, cfg Config) (*summary, error) {
 		return nil, err
 	}
 	if err := s.readOrders(ctx, cfg.Pool); err != nil {
+		return nil, err
+	}
+	if err := s.readReconciled(ctx, cfg); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -631,6 +649,7 @@ func (s *summary) print(cfg Config) {
 		fmt.Fprintf(w, "End to end: %s's callback delivered %d times -> order %s, %d order.paid event on %s, "+
 			"%d payment_received SMS sent\n", chainOrder, c.deliveries, c.status, c.events, cfg.TopicPaymentEvents, c.sms)
 	}
+	fmt.Fprintf(w, "Found by reconciliation, their callbacks lost: %s\n", cmp.Or(strings.Join(s.reconciled, ", "), "none"))
 	var differ []string
 	for _, t := range cfg.topics() {
 		dead := s.total(s.deadLettered[t])
