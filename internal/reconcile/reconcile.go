@@ -106,15 +106,16 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	return nil
 }
 
-// work takes one due order after another and asks about it, until ctx is done.
+// work claims the orders due first, a few at a time, and asks about each in turn, until ctx is
+// done. A failed request ends the turn of the rest, which it gives back: the asking pauses.
 func (r *Reconciler) work(ctx context.Context) {
 	for {
 		probe, err := r.pause.wait(ctx)
 		if err != nil {
 			return
 		}
-		orderNo, err := r.claim(ctx)
-		if err != nil || orderNo == "" {
+		orders, err := r.claim(ctx)
+		if err != nil || len(orders) == 0 {
 			r.pause.idle(probe)
 			if err != nil && ctx.Err() == nil {
 				r.log.DebugContext(ctx, "cannot look for orders to reconcile", "error", err)
@@ -124,22 +125,28 @@ func (r *Reconciler) work(ctx context.Context) {
 			}
 			continue
 		}
-		if err := r.turn(ctx); err != nil {
-			r.pause.idle(probe)
-			r.release(context.WithoutCancel(ctx), orderNo)
-			if ctx.Err() != nil {
-				return
+		for i, orderNo := range orders {
+			if err := r.turn(ctx); err != nil {
+				r.pause.idle(probe)
+				r.release(context.WithoutCancel(ctx), orders[i:])
+				break
 			}
-			continue
+			if !r.settle(ctx, orderNo, r.cfg.Status.Ask(ctx, orderNo), probe) {
+				r.release(context.WithoutCancel(ctx), orders[i+1:])
+				break
+			}
+			probe = false
 		}
-		r.settle(ctx, orderNo, r.cfg.Status.Ask(ctx, orderNo), probe)
+		if ctx.Err() != nil {
+			return
+		}
 	}
 }
 
-// claimSQL holds the order due first, unless another instance holds it: one PENDING past
-// RECONCILE_AFTER and not past RECONCILE_MAX_AGE, never asked about or due again. SKIP LOCKED
-// keeps instances claiming at once on different orders; the order's row is locked only while this
-// statement's transaction lasts.
+// claimSQL holds the oldest orders due, up to $5, unless another instance holds them: PENDING past
+// RECONCILE_AFTER and not past RECONCILE_MAX_AGE, never asked about or due again. They are read
+// oldest first through the partial index of PENDING orders. SKIP LOCKED keeps instances claiming at
+// once on different orders; the orders' rows are locked only while this statement lasts.
 const claimSQL = `
 WITH due AS (
 	SELECT o.order_no FROM orders o LEFT JOIN payment_reconciliations r USING (order_no)
@@ -147,8 +154,8 @@ WITH due AS (
 	  AND o.created_at <= now() - $1 * interval '1 microsecond'
 	  AND o.created_at > now() - $2 * interval '1 microsecond'
 	  AND (r.order_no IS NULL OR (r.next_ask_at <= now() AND (r.held_until IS NULL OR r.held_until <= now())))
-	ORDER BY coalesce(r.next_ask_at, o.created_at + $1 * interval '1 microsecond')
-	LIMIT 1
+	ORDER BY o.created_at
+	LIMIT $5
 	FOR UPDATE OF o SKIP LOCKED
 )
 INSERT INTO payment_reconciliations AS r (order_no, next_ask_at, held_by, held_until)
@@ -157,15 +164,15 @@ ON CONFLICT (order_no) DO UPDATE SET held_by = excluded.held_by, held_until = ex
 WHERE r.next_ask_at <= now() AND (r.held_until IS NULL OR r.held_until <= now())
 RETURNING order_no`
 
-// claim holds the order due first and returns its number; "" when none is due.
-func (r *Reconciler) claim(ctx context.Context) (string, error) {
-	var orderNo string
-	err := r.cfg.Pool.QueryRow(ctx, claimSQL, r.cfg.After.Microseconds(), r.cfg.MaxAge.Microseconds(),
-		r.holder, holdFor.Microseconds()).Scan(&orderNo)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", nil
-	}
-	return orderNo, err
+// claimBatch is how many orders a worker holds at once: its turns under the rate limit, its
+// requests and its answers' records fit in holdFor many times over.
+const claimBatch = 8
+
+// claim holds the orders due first, up to claimBatch, and returns their numbers.
+func (r *Reconciler) claim(ctx context.Context) ([]string, error) {
+	rows, _ := r.cfg.Pool.Query(ctx, claimSQL, r.cfg.After.Microseconds(), r.cfg.MaxAge.Microseconds(),
+		r.holder, holdFor.Microseconds(), claimBatch)
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // turn waits for this request's turn in the group's schedule.
@@ -181,20 +188,23 @@ func (r *Reconciler) turn(ctx context.Context) error {
 // statusHandler names reconciliation's requests in the group's rate schedule (inbox_call_rates).
 const statusHandler = "payment_status"
 
-// release gives up the order held, due again at once.
-func (r *Reconciler) release(ctx context.Context, orderNo string) {
+// release gives up the orders held, due again at once.
+func (r *Reconciler) release(ctx context.Context, orders []string) {
+	if len(orders) == 0 {
+		return
+	}
 	_, _ = r.cfg.Pool.Exec(ctx, `
 		UPDATE payment_reconciliations SET held_by = NULL, held_until = NULL
-		WHERE order_no = $1 AND held_by = $2`, orderNo, r.holder)
+		WHERE order_no = ANY($1) AND held_by = $2`, orders, r.holder)
 }
 
 // settle records what the provider answered about orderNo, applying a payment it reports, in one
-// transaction, and counts it once that commits.
-func (r *Reconciler) settle(ctx context.Context, orderNo string, a Answer, probe bool) {
+// transaction, and counts it once that commits. It reports false when there was no answer.
+func (r *Reconciler) settle(ctx context.Context, orderNo string, a Answer, probe bool) bool {
 	log := r.log.With("order_no", orderNo)
 	if a.Result == ResultError {
 		r.failed(ctx, orderNo, a.Err, probe, log)
-		return
+		return false
 	}
 	r.pause.answered()
 	var effect string
@@ -220,10 +230,10 @@ func (r *Reconciler) settle(ctx context.Context, orderNo string, a Answer, probe
 		log.ErrorContext(ctx, "cannot apply the provider's answer about the order", "result", a.Result, "error", err)
 		_ = r.record(context.WithoutCancel(ctx), r.cfg.Pool, orderNo, ResultError, err.Error())
 		r.cfg.Metrics.answered(ResultError)
-		return
+		return true
 	default:
-		r.release(context.WithoutCancel(ctx), orderNo) // Postgres: asked again once it is back
-		return
+		r.release(context.WithoutCancel(ctx), []string{orderNo}) // Postgres: asked again once it is back
+		return true
 	}
 	r.cfg.Metrics.answered(a.Result)
 	switch {
@@ -234,6 +244,7 @@ func (r *Reconciler) settle(ctx context.Context, orderNo string, a Answer, probe
 	default:
 		log.DebugContext(ctx, "asked the provider about the order", "result", a.Result)
 	}
+	return true
 }
 
 // failed records that the provider could not be asked about orderNo: the order is due again at

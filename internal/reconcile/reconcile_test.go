@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -269,4 +271,60 @@ func TestAnswerRacesCallback(t *testing.T) {
 	}
 	t.Logf("paid by: %s", e.scalar(t, `SELECT string_agg(source || '=' || n, ', ') FROM
 		(SELECT source, count(*) AS n FROM payments GROUP BY source) s`))
+}
+
+// TestMeasureTenThousand measures how long reconciling 10,000 pending orders takes, each paid by the
+// provider's answer, at RECONCILE_MEASURE_RATE requests a second (default 1000), against a local
+// endpoint: `RECONCILE_MEASURE=1 go test -run TestMeasureTenThousand -v ./internal/reconcile`. It
+// is a measure, not a check of speed: it only checks that every order was paid, once.
+func TestMeasureTenThousand(t *testing.T) {
+	if os.Getenv("RECONCILE_MEASURE") == "" {
+		t.Skip("a measure: set RECONCILE_MEASURE=1 to run it")
+	}
+	rate := 1000.0
+	if v := os.Getenv("RECONCILE_MEASURE_RATE"); v != "" {
+		var err error
+		if rate, err = strconv.ParseFloat(v, 64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 10_000
+	e := setup(t)
+	if _, err := e.pool.Exec(context.Background(), `
+		INSERT INTO orders (order_no, user_id, amount, currency, created_at)
+		SELECT 'ORD-' || i, 'u', 99.90, 'CNY', now() - interval '1 hour' FROM generate_series(1, $1) AS i`, n); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		orderNo := r.URL.Query().Get("order_no")
+		answerPayment(orderNo, "T-"+orderNo, "SUCCESS")(w)
+	}))
+	defer srv.Close()
+	status, err := reconcile.NewStatus(srv.URL, "", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := reconcile.New(reconcile.Config{Pool: e.pool, Payments: e.payments, Store: e.store, Group: "g",
+		Status: status, RateLimit: rate, After: time.Minute, MaxAge: 24 * time.Hour, Logger: testlog.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- r.Run(ctx) }()
+	poll.Until(t, func() string {
+		if left := e.scalar(t, `SELECT count(*)::text FROM orders WHERE status = 'PENDING'`); left != "0" {
+			return left + " orders left"
+		}
+		return ""
+	})
+	elapsed := time.Since(start)
+	cancel()
+	<-done
+	t.Logf("%d orders reconciled in %s at a rate limit of %v/s: %.0f/s", n, elapsed.Round(time.Millisecond), rate,
+		n/elapsed.Seconds())
+	if got := e.scalar(t, `SELECT count(*)::text FROM payments WHERE source = 'reconciliation'`); got != fmt.Sprint(n) {
+		t.Errorf("%s payments, want %d", got, n)
+	}
 }
