@@ -209,7 +209,8 @@ func nullable(s string) *string {
 	return &s
 }
 
-// Effects that are not anomalies, for the log.
+// The effects of a callback that are not anomalies: what Reconciled returns, and the effect the log
+// says.
 const (
 	EffectPaid           = "order_paid"
 	EffectFailedRecorded = "failed_payment_recorded"
