@@ -150,7 +150,7 @@ func (m *Metrics) initSeries(topics []string) {
 			m.Pauses.WithLabelValues(topic, reason)
 		}
 		m.Assigned.WithLabelValues(topic)
-		for _, problem := range fault.SignatureProblems {
+		for _, problem := range fault.SignatureProblems() {
 			m.SignatureFailures.WithLabelValues(topic, problem) // 0 for a route that does not verify
 		}
 	}

@@ -12,24 +12,37 @@ const BadSignature Reason = "bad_signature"
 var (
 	ErrUnsigned           = errors.New("not signed")
 	ErrSignatureMalformed = errors.New("signature malformed")
-	ErrNoKeyMatched       = errors.New("no key matched the signature")
 	ErrSignatureTimestamp = errors.New("signature timestamp outside the tolerance")
+	ErrNoKeyMatched       = errors.New("no key matched the signature")
 )
 
-// SignatureProblems are the values SignatureProblem returns, in the order of its checks.
-var SignatureProblems = []string{"unsigned", "malformed", "timestamp", "no_key_matched"}
+// signatureProblems name each problem, as the metric's reason label; the last is the default.
+var signatureProblems = []struct {
+	err  error
+	name string
+}{
+	{ErrUnsigned, "unsigned"},
+	{ErrSignatureMalformed, "malformed"},
+	{ErrSignatureTimestamp, "timestamp"},
+	{ErrNoKeyMatched, "no_key_matched"},
+}
 
-// SignatureProblem names the problem err, a verifier's error, wraps: unsigned, malformed or timestamp;
-// else no_key_matched, the failure of a signature that does not match, which an error of a
-// verifier's own is taken for.
-func SignatureProblem(err error) string {
-	switch {
-	case errors.Is(err, ErrUnsigned):
-		return "unsigned"
-	case errors.Is(err, ErrSignatureMalformed):
-		return "malformed"
-	case errors.Is(err, ErrSignatureTimestamp):
-		return "timestamp"
+// SignatureProblems are the names SignatureProblem returns.
+func SignatureProblems() []string {
+	names := make([]string, len(signatureProblems))
+	for i, p := range signatureProblems {
+		names[i] = p.name
 	}
-	return "no_key_matched"
+	return names
+}
+
+// SignatureProblem names the problem err, a verifier's error, wraps; an error that wraps none is a
+// signature that does not match (no_key_matched), which a verifier's own error is taken for.
+func SignatureProblem(err error) string {
+	for _, p := range signatureProblems {
+		if errors.Is(err, p.err) {
+			return p.name
+		}
+	}
+	return signatureProblems[len(signatureProblems)-1].name
 }

@@ -35,7 +35,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Age of the oldest PENDING order; 0 when none is; read every 30s."}),
 	}
 	reg.MustRegister(m.reconciliations, m.pending, m.oldest)
-	for _, r := range Results {
+	for _, r := range results {
 		m.reconciliations.WithLabelValues(r)
 	}
 	m.pending.WithLabelValues(ageOverAfter)

@@ -48,6 +48,13 @@ func (p *pause) wait(ctx context.Context) (probe bool, err error) {
 	}
 }
 
+// paused reports whether a failure paused the asking and no answer has ended the pause yet.
+func (p *pause) paused() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.delay > 0
+}
+
 // idle says the caller asked nothing after all (no order was due): its probe, if it was one, is
 // another's to make.
 func (p *pause) idle(probe bool) {

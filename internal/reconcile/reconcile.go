@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -92,22 +93,17 @@ func (r *Reconciler) workers() int { return min(16, max(1, int(r.cfg.RateLimit+0
 
 // Run asks until ctx is done, and returns nil then.
 func (r *Reconciler) Run(ctx context.Context) error {
-	done := make(chan struct{})
-	n := r.workers()
-	for range n {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			r.work(ctx)
-		}()
+	var wg sync.WaitGroup
+	for range r.workers() {
+		wg.Go(func() { r.work(ctx) })
 	}
-	for range n {
-		<-done
-	}
+	wg.Wait()
 	return nil
 }
 
 // work claims the orders due first, a few at a time, and asks about each in turn, until ctx is
-// done. A failed request ends the turn of the rest, which it gives back: the asking pauses.
+// done. A failed request, this worker's or another's, ends the turn of the rest, which it gives
+// back: the asking pauses.
 func (r *Reconciler) work(ctx context.Context) {
 	for {
 		probe, err := r.pause.wait(ctx)
@@ -126,6 +122,10 @@ func (r *Reconciler) work(ctx context.Context) {
 			continue
 		}
 		for i, orderNo := range orders {
+			if i > 0 && r.pause.paused() {
+				r.release(context.WithoutCancel(ctx), orders[i:])
+				break
+			}
 			if err := r.turn(ctx); err != nil {
 				r.pause.idle(probe)
 				r.release(context.WithoutCancel(ctx), orders[i:])

@@ -328,3 +328,48 @@ func TestMeasureTenThousand(t *testing.T) {
 		t.Errorf("%s payments, want %d", got, n)
 	}
 }
+
+// TestStatusDown: a status endpoint that fails every request for its first 2.5 seconds is asked
+// once by each worker, then by one probe at a time (at about 1s and 3s): no more than 16 + 2
+// requests while it is down, however slow the machine, and every order is asked about once it
+// answers again, none charged for the outage.
+func TestStatusDown(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const n = 50
+	for i := range n {
+		e.order(t, fmt.Sprintf("ORD-%02d", i), "PENDING", 2*time.Hour)
+	}
+	var mu sync.Mutex
+	var first time.Time
+	down, asked := 0, 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if first.IsZero() {
+			first = time.Now()
+		}
+		asked++
+		if time.Since(first) < 2500*time.Millisecond {
+			down++
+			http.Error(w, "maintenance", http.StatusServiceUnavailable)
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	defer srv.Close()
+	reg := e.start(t, srv.URL, time.Hour, 72*time.Hour) // RateLimit 1000: 16 workers
+	poll.For(t, "every order answered", func() bool {
+		return e.scalar(t, `SELECT count(*)::text FROM payment_reconciliations WHERE last_result = 'unknown' AND asks = 1`) ==
+			fmt.Sprint(n)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if down > 16+2 {
+		t.Errorf("%d requests while the endpoint was down, want at most 18 (one per worker, then a probe at a time)", down)
+	}
+	if got := counter(t, reg, "inboxworker_reconciliations_total", "result", "error"); got != float64(down) {
+		t.Errorf("%v errors counted, for %d failed requests", got, down)
+	}
+	t.Logf("%d requests, %d while the endpoint was down", asked, down)
+}

@@ -22,8 +22,8 @@ const (
 	ResultError   = "error"   // no usable answer: the request, or what came back, failed
 )
 
-// Results are the results, in the metric's order.
-var Results = []string{ResultPaid, ResultFailed, ResultPending, ResultUnknown, ResultError}
+// results are the results, in the metric's order.
+var results = []string{ResultPaid, ResultFailed, ResultPending, ResultUnknown, ResultError}
 
 // Answer is what the provider said about an order.
 type Answer struct {
