@@ -289,6 +289,18 @@ func (c *circuit) State() (RouteState, time.Time) {
 	return c.state, time.Time{}
 }
 
+// notYet is how long until a message may start: 0 while the route is open or its probe is due,
+// until the probe while it is paused; while a probe is out, a while to look again.
+func (c *circuit) notYet() time.Duration {
+	switch state, probeAt := c.State(); state {
+	case RouteOpen:
+		return 0
+	case RoutePaused:
+		return max(time.Until(probeAt), 0)
+	}
+	return routePoll
+}
+
 // Tripped reports whether key failed before the circuit tripped: while it is paused, a probe of
 // another key tells more of the dependency.
 func (c *circuit) Tripped(key string) bool {

@@ -130,7 +130,7 @@ func (g *gate) wait(ctx context.Context, stopping <-chan struct{}) (permit, erro
 			d = g.pace.delay()
 		}
 		if d > 0 {
-			if err := g.sleep(ctx, stopping, d, g.circuit.Changed()); err != nil {
+			if err := sleep(ctx, stopping, d, g.circuit.Changed()); err != nil {
 				return permit{}, err
 			}
 			continue
@@ -164,7 +164,7 @@ func (g *gate) takeTurn(ctx context.Context) error {
 			return fault.RetryableAfter(err, max(late, minPacedWait))
 		}
 	}
-	if err := g.sleep(ctx, nil, d, nil); err != nil {
+	if err := sleep(ctx, nil, d, nil); err != nil {
 		g.pace.giveBack(at)
 		return fmt.Errorf("%w: %w", inbox.ErrNotCalled, err)
 	}
@@ -185,17 +185,11 @@ func (g *gate) notYet() time.Duration {
 	if d := g.throttledFor(); d > 0 {
 		return d
 	}
-	switch state, probeAt := g.circuit.State(); state {
-	case RouteOpen:
-		return 0
-	case RoutePaused:
-		return max(time.Until(probeAt), 0)
-	}
-	return routePoll
+	return g.circuit.notYet()
 }
 
 // sleep waits for d, or until changed is closed; it fails when ctx is done or stopping closed.
-func (g *gate) sleep(ctx context.Context, stopping <-chan struct{}, d time.Duration, changed <-chan struct{}) error {
+func sleep(ctx context.Context, stopping <-chan struct{}, d time.Duration, changed <-chan struct{}) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

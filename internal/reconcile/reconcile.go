@@ -9,8 +9,10 @@
 // holds an order while it asks about it (no order is asked about twice at once), and books each
 // request's turn in the group's shared rate schedule (inbox.Store.BookCalls), so that the group asks
 // no more than its rate limit a second, however many instances run. No transaction is open while a
-// request is out. A status endpoint that fails pauses the asking, doubling from a second to a
-// minute, one probe at a time, and costs no order anything: its turn comes again. An order past
+// request is out. Failed requests are the concern of a route's outage circuit
+// (consumer.DependencyCircuit): failures from several orders pause the asking, one probe at a time
+// at a doubling interval up to a minute; an order the endpoint alone fails on pauses nobody, and is
+// asked about again a minute later at most. An order past
 // RECONCILE_MAX_AGE is left PENDING and counted; the worker never cancels an order.
 package reconcile
 
@@ -20,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxworker/inboxworker"
+	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/payment"
@@ -67,8 +71,9 @@ type Config struct {
 type Reconciler struct {
 	cfg    Config
 	holder string
-	pause  pause
-	log    *slog.Logger
+	// circuit pauses the asking while the status endpoint looks down: a route's outage circuit.
+	circuit *consumer.DependencyCircuit
+	log     *slog.Logger
 	// idle is how long a worker waits when no order is due.
 	idle time.Duration
 }
@@ -83,9 +88,24 @@ func New(cfg Config) (*Reconciler, error) {
 			cfg.RateLimit, cfg.After, cfg.MaxAge)
 	}
 	log := cmp.Or(cfg.Logger, slog.Default()).With("component", "reconciliation")
-	return &Reconciler{cfg: cfg, holder: inbox.NewHolder(), log: log,
+	circuit, err := consumer.NewDependencyCircuit(consumer.CircuitConfig{MaxProbeInterval: maxProbeInterval,
+		OnChange: func(from, to consumer.RouteState, why string) {
+			switch {
+			case from == consumer.RouteOpen:
+				log.Warn("pausing reconciliation: the payment status endpoint looks down", "why", why)
+			case to == consumer.RouteOpen:
+				log.Info("resuming reconciliation: the payment status endpoint answers", "why", why)
+			}
+		}})
+	if err != nil {
+		return nil, err
+	}
+	return &Reconciler{cfg: cfg, holder: inbox.NewHolder(), circuit: circuit, log: log,
 		idle: min(max(cfg.After/4, 100*time.Millisecond), 5*time.Second)}, nil
 }
+
+// maxProbeInterval caps the doubling wait between two probes of a status endpoint that looks down.
+const maxProbeInterval = time.Minute
 
 // workers is how many of an instance's requests may be out at once: enough to keep to the rate
 // limit at a second a request, never more than 16.
@@ -102,44 +122,72 @@ func (r *Reconciler) Run(ctx context.Context) error {
 }
 
 // work claims the orders due first, a few at a time, and asks about each in turn, until ctx is
-// done. A failed request, this worker's or another's, ends the turn of the rest, which it gives
-// back: the asking pauses.
+// done. While the circuit is paused it asks nothing, but the probe, and gives back what it holds.
 func (r *Reconciler) work(ctx context.Context) {
 	for {
-		probe, err := r.pause.wait(ctx)
+		permit, err := r.circuit.Wait(ctx)
 		if err != nil {
 			return
 		}
 		orders, err := r.claim(ctx)
 		if err != nil || len(orders) == 0 {
-			r.pause.idle(probe)
+			r.circuit.Unused(permit)
 			if err != nil && ctx.Err() == nil {
 				r.log.DebugContext(ctx, "cannot look for orders to reconcile", "error", err)
 			}
-			if sleep(ctx, r.idle) != nil {
+			if pause(ctx, r.idle) != nil {
 				return
 			}
 			continue
 		}
-		for i, orderNo := range orders {
-			if i > 0 && r.pause.paused() {
-				r.release(context.WithoutCancel(ctx), orders[i:])
-				break
-			}
-			if err := r.turn(ctx); err != nil {
-				r.pause.idle(probe)
-				r.release(context.WithoutCancel(ctx), orders[i:])
-				break
-			}
-			if !r.settle(ctx, orderNo, r.cfg.Status.Ask(ctx, orderNo), probe) {
-				r.release(context.WithoutCancel(ctx), orders[i+1:])
-				break
-			}
-			probe = false
+		r.askAll(ctx, orders, permit)
+	}
+}
+
+// askAll asks about each of orders in turn, the first with permit, and gives back those it does not
+// ask about: all of them once ctx is done, the rest once the circuit pauses. A probe asks about an
+// order whose failure did not pause the circuit, if it holds one: its failure confirms an outage.
+func (r *Reconciler) askAll(ctx context.Context, orders []string, permit consumer.Permit) {
+	if permit.Probe() {
+		if i := slices.IndexFunc(orders, func(o string) bool { return !r.circuit.Tripped(o) }); i > 0 {
+			orders[0], orders[i] = orders[i], orders[0]
 		}
-		if ctx.Err() != nil {
+	}
+	for i, orderNo := range orders {
+		if i > 0 {
+			var ok bool
+			if permit, ok = r.circuit.Allow(); !ok {
+				r.release(context.WithoutCancel(ctx), orders[i:])
+				return
+			}
+		}
+		if err := r.turn(ctx); err != nil {
+			r.circuit.Unused(permit)
+			r.release(context.WithoutCancel(ctx), orders[i:])
 			return
 		}
+		a := r.cfg.Status.Ask(ctx, orderNo)
+		switch {
+		case ctx.Err() != nil:
+			r.circuit.Unused(permit)
+			r.release(context.WithoutCancel(ctx), orders[i:])
+			return
+		case a.Result == ResultError:
+			r.circuit.Failed(permit, orderNo)
+		default:
+			r.circuit.Answered(permit, orderNo)
+		}
+		r.settle(ctx, orderNo, a)
+	}
+}
+
+// pause waits d, or until ctx is done.
+func pause(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
 	}
 }
 
@@ -182,7 +230,10 @@ func (r *Reconciler) turn(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return sleep(ctx, wait)
+	if wait <= 0 {
+		return nil
+	}
+	return pause(ctx, wait)
 }
 
 // statusHandler names reconciliation's requests in the group's rate schedule (inbox_call_rates).
@@ -199,14 +250,13 @@ func (r *Reconciler) release(ctx context.Context, orders []string) {
 }
 
 // settle records what the provider answered about orderNo, applying a payment it reports, in one
-// transaction, and counts it once that commits. It reports false when there was no answer.
-func (r *Reconciler) settle(ctx context.Context, orderNo string, a Answer, probe bool) bool {
+// transaction, and counts it once that commits.
+func (r *Reconciler) settle(ctx context.Context, orderNo string, a Answer) {
 	log := r.log.With("order_no", orderNo)
 	if a.Result == ResultError {
-		r.failed(ctx, orderNo, a.Err, probe, log)
-		return false
+		r.failed(ctx, orderNo, a.Err, log)
+		return
 	}
-	r.pause.answered()
 	var effect string
 	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
 		var err error
@@ -230,10 +280,10 @@ func (r *Reconciler) settle(ctx context.Context, orderNo string, a Answer, probe
 		log.ErrorContext(ctx, "cannot apply the provider's answer about the order", "result", a.Result, "error", err)
 		_ = r.record(context.WithoutCancel(ctx), r.cfg.Pool, orderNo, ResultError, err.Error())
 		r.cfg.Metrics.answered(ResultError)
-		return true
+		return
 	default:
 		r.release(context.WithoutCancel(ctx), []string{orderNo}) // Postgres: asked again once it is back
-		return true
+		return
 	}
 	r.cfg.Metrics.answered(a.Result)
 	switch {
@@ -244,24 +294,15 @@ func (r *Reconciler) settle(ctx context.Context, orderNo string, a Answer, probe
 	default:
 		log.DebugContext(ctx, "asked the provider about the order", "result", a.Result)
 	}
-	return true
 }
 
-// failed records that the provider could not be asked about orderNo: the order is due again at
-// once, and the asking pauses.
-func (r *Reconciler) failed(ctx context.Context, orderNo string, err error, probe bool, log *slog.Logger) {
-	_, _ = r.cfg.Pool.Exec(context.WithoutCancel(ctx), `
-		UPDATE payment_reconciliations SET held_by = NULL, held_until = NULL, last_result = 'error',
-			last_error = left($3, 4096), last_asked_at = now()
-		WHERE order_no = $1 AND held_by = $2`, orderNo, r.holder, err.Error())
-	if ctx.Err() != nil {
-		return
-	}
+// failed records that the provider could not be asked about orderNo: not an answer, but the
+// order waits its interval as after one, a minute at most, so that an order the endpoint always
+// fails on is not asked about again and again, and one an outage failed is asked again soon after.
+func (r *Reconciler) failed(ctx context.Context, orderNo string, err error, log *slog.Logger) {
+	_ = r.schedule(ctx, r.cfg.Pool, orderNo, ResultError, err.Error(), false)
 	r.cfg.Metrics.answered(ResultError)
-	if delay, first := r.pause.failed(probe); first {
-		log.WarnContext(ctx, "cannot ask the payment provider about an order; pausing reconciliation",
-			"error", err, "delay", delay.String())
-	}
+	log.WarnContext(ctx, "cannot ask the payment provider about an order", "error", err)
 }
 
 // execer is what a pool and a transaction share.
@@ -269,30 +310,32 @@ type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// record records an answer about orderNo, held by r, and when to ask again: after the doubling
-// interval, counted in answers.
+// record records an answer about orderNo, held by r, and when to ask again.
 func (r *Reconciler) record(ctx context.Context, db execer, orderNo, result, problem string) error {
-	_, err := db.Exec(ctx, `
+	return r.schedule(ctx, db, orderNo, result, problem, true)
+}
+
+// schedule records what came of asking about orderNo, held by r, answered or not, and when to ask
+// again: after the doubling interval, which answers lengthen, up to an hour after an answer and a
+// minute after a failure.
+func (r *Reconciler) schedule(ctx context.Context, db execer, orderNo, result, problem string, answered bool) error {
+	most := maxProbeInterval
+	if answered {
+		most = maxInterval
+	}
+	_, err := db.Exec(context.WithoutCancel(ctx), `
 		UPDATE payment_reconciliations
-		SET asks = asks + 1, last_result = $3, last_error = nullif(left($4, 4096), ''), last_asked_at = now(),
+		SET asks = asks + $7::int, last_result = $3, last_error = nullif(left($4, 4096), ''), last_asked_at = now(),
 			next_ask_at = now() + least($5 * power(2, least(asks, 30)), $6) * interval '1 microsecond',
 			held_by = NULL, held_until = NULL
 		WHERE order_no = $1 AND held_by = $2`,
-		orderNo, r.holder, result, problem, r.cfg.After.Microseconds(), maxInterval.Microseconds())
+		orderNo, r.holder, result, problem, r.cfg.After.Microseconds(), most.Microseconds(), b2i(answered))
 	return err
 }
 
-// sleep waits d, or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
+func b2i(b bool) int {
+	if b {
+		return 1
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return 0
 }

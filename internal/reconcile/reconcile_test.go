@@ -330,9 +330,9 @@ func TestMeasureTenThousand(t *testing.T) {
 }
 
 // TestStatusDown: a status endpoint that fails every request for its first 2.5 seconds is asked
-// once by each worker, then by one probe at a time (at about 1s and 3s): no more than 16 + 2
-// requests while it is down, however slow the machine, and every order is asked about once it
-// answers again, none charged for the outage.
+// until 10 failures in a row trip the circuit (16 workers may have one more out each), then by one
+// probe at a time (at about 1s and 3s): no more than 10 + 16 + 2 requests while it is down, however
+// slow the machine, and every order is asked about once it answers again.
 func TestStatusDown(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -358,18 +358,43 @@ func TestStatusDown(t *testing.T) {
 		http.NotFound(w, r)
 	}))
 	defer srv.Close()
-	reg := e.start(t, srv.URL, time.Hour, 72*time.Hour) // RateLimit 1000: 16 workers
+	reg := e.start(t, srv.URL, time.Second, 72*time.Hour) // RateLimit 1000: 16 workers
 	poll.For(t, "every order answered", func() bool {
-		return e.scalar(t, `SELECT count(*)::text FROM payment_reconciliations WHERE last_result = 'unknown' AND asks = 1`) ==
+		return e.scalar(t, `SELECT count(*)::text FROM payment_reconciliations WHERE last_result = 'unknown'`) ==
 			fmt.Sprint(n)
 	})
 	mu.Lock()
 	defer mu.Unlock()
-	if down > 16+2 {
-		t.Errorf("%d requests while the endpoint was down, want at most 18 (one per worker, then a probe at a time)", down)
+	if down > 10+16+2 {
+		t.Errorf("%d requests while the endpoint was down, want at most 28 (until the circuit trips, then a probe at a time)", down)
 	}
 	if got := counter(t, reg, "inboxworker_reconciliations_total", "result", "error"); got != float64(down) {
 		t.Errorf("%v errors counted, for %d failed requests", got, down)
 	}
 	t.Logf("%d requests, %d while the endpoint was down", asked, down)
+}
+
+// TestPoisonOrder: a status endpoint that fails on one order only (a 500 for it, forever) pauses
+// nobody: every other order is answered, and the poison one is asked about once an interval, not
+// again and again.
+func TestPoisonOrder(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	p, srv := newProvider(t)
+	const n = 40
+	for i := range n {
+		e.order(t, fmt.Sprintf("ORD-%02d", i), "PENDING", 2*time.Hour)
+	}
+	p.answer("ORD-00", func(w http.ResponseWriter) { http.Error(w, "boom", http.StatusInternalServerError) })
+	e.start(t, srv.URL, time.Hour, 72*time.Hour)
+	poll.For(t, "every other order answered", func() bool {
+		return e.scalar(t, `SELECT count(*)::text FROM payment_reconciliations WHERE last_result = 'unknown'`) ==
+			fmt.Sprint(n-1)
+	})
+	if got := p.askedAbout("ORD-00"); got != 1 {
+		t.Errorf("the poison order was asked about %d times, want once: it waits its interval", got)
+	}
+	if got := e.scalar(t, `SELECT last_result || ' ' || asks FROM payment_reconciliations WHERE order_no = 'ORD-00'`); got != "error 0" {
+		t.Errorf("the poison order's row: %s, want error 0 (not an answer)", got)
+	}
 }
