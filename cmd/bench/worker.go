@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -33,48 +34,14 @@ func runPayments(transactions consumer.Transactions, events bool) mode {
 			return result{}, err
 		}
 		log := e.cfg.workerLogger()
-		store, err := inbox.NewStore(e.pool, inbox.Config{Logger: log})
+		handler, clock, stop, err := paymentsHandler(ctx, e, events, log)
 		if err != nil {
 			return result{}, err
 		}
-		var eventsTopic string
-		if events {
-			eventsTopic = e.topic + ".events"
-		}
-		h, err := payment.NewHandler(payment.Config{EventsTopic: eventsTopic, Logger: log, AppliedLevel: e.cfg.appliedLevel()})
-		if err != nil {
-			return result{}, err
-		}
-		var handler inboxworker.BatchHandler = h
-		var clock *publication
-		if events {
-			clock = newPublication(h)
-			handler = clock
-			stop, err := clock.relay(ctx, e, log)
-			if err != nil {
-				return result{}, err
-			}
-			defer stop()
-		}
-		verify, err := e.stream.signing.verify()
-		if err != nil {
-			return result{}, err
-		}
+		defer stop()
 		metrics := consumer.NewMetrics(prometheus.NewRegistry())
 		progress := newProgress(e.topic, ends)
-		c, err := consumer.New(consumer.Config{
-			Brokers:      []string{e.addr},
-			GroupID:      "bench-" + transactions.String(),
-			Routes:       []consumer.Route{{Topic: e.topic, Name: "payments", Handler: handler, Verify: verify}},
-			Transactions: transactions,
-			BatchSize:    e.cfg.BatchSize,
-			BatchWait:    e.cfg.BatchWait,
-			Store:        store,
-			DeadLetters:  deadletter.NewStore(e.pool),
-			Metrics:      metrics,
-			Logger:       log,
-			Observer:     progress,
-		})
+		c, err := newConsumer(e, transactions, handler, metrics, progress, log)
 		if err != nil {
 			return result{}, err
 		}
@@ -98,6 +65,53 @@ func runPayments(transactions consumer.Transactions, events bool) mode {
 		}
 		return r, nil
 	}
+}
+
+// paymentsHandler is the mode's payment handler; with events, one that emits the order events, and
+// the clock of their publication by a relay, which stop ends.
+func paymentsHandler(ctx context.Context, e *env, events bool, log *slog.Logger) (
+	handler inboxworker.BatchHandler, clock *publication, stop func(), err error) {
+	var eventsTopic string
+	if events {
+		eventsTopic = e.topic + ".events"
+	}
+	h, err := payment.NewHandler(payment.Config{EventsTopic: eventsTopic, Logger: log, AppliedLevel: e.cfg.appliedLevel()})
+	if err != nil || !events {
+		return h, nil, func() {}, err
+	}
+	clock = newPublication(h)
+	if stop, err = clock.relay(ctx, e, log); err != nil {
+		return nil, nil, nil, err
+	}
+	return clock, clock, stop, nil
+}
+
+// newConsumer is the worker's consumer of the mode's topic, applying it with handler in
+// transactions, verifying its signatures when the stream is signed, counting into metrics and timed
+// by progress.
+func newConsumer(e *env, transactions consumer.Transactions, handler inboxworker.BatchHandler,
+	metrics *consumer.Metrics, progress *progress, log *slog.Logger) (*consumer.Consumer, error) {
+	store, err := inbox.NewStore(e.pool, inbox.Config{Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	verify, err := e.stream.signing.verify()
+	if err != nil {
+		return nil, err
+	}
+	return consumer.New(consumer.Config{
+		Brokers:      []string{e.addr},
+		GroupID:      "bench-" + transactions.String(),
+		Routes:       []consumer.Route{{Topic: e.topic, Name: "payments", Handler: handler, Verify: verify}},
+		Transactions: transactions,
+		BatchSize:    e.cfg.BatchSize,
+		BatchWait:    e.cfg.BatchWait,
+		Store:        store,
+		DeadLetters:  deadletter.NewStore(e.pool),
+		Metrics:      metrics,
+		Logger:       log,
+		Observer:     progress,
+	})
 }
 
 // consumeAll runs c until progress says every partition's committed offset reached its end, stops
