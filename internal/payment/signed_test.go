@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
+	"maps"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/poll"
+	"github.com/inboxworker/inboxworker/internal/promtest"
 	"github.com/inboxworker/inboxworker/internal/signature"
 	"github.com/inboxworker/inboxworker/internal/testlog"
 )
@@ -218,9 +220,9 @@ func testSignedCallbacks(t *testing.T, batchSize int) {
 	if len(problems) != 6 {
 		t.Errorf("%d dead letters, want 6: %v", len(problems), problems)
 	}
-	wantCounts := map[string]float64{"unsigned": 1, "malformed": 1, "timestamp": 1, "no_key_matched": 3}
-	if got := counters(t, reg, "inboxworker_signature_failures_total", "reason"); !equalCounts(got, wantCounts) {
-		t.Errorf("signature failures %v, want %v", got, wantCounts)
+	wantFailures := map[string]float64{"unsigned": 1, "malformed": 1, "timestamp": 1, "no_key_matched": 3}
+	if got := promtest.Counters(t, reg, "inboxworker_signature_failures_total", "reason"); !maps.Equal(got, wantFailures) {
+		t.Errorf("signature failures %v, want %v", got, wantFailures)
 	}
 }
 
@@ -232,39 +234,4 @@ func count(t *testing.T, db querier, sql string) int {
 		t.Fatal(err)
 	}
 	return n
-}
-
-// counters returns the counter name of reg by the value of its label.
-func counters(t *testing.T, reg *prometheus.Registry, name, label string) map[string]float64 {
-	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label {
-					out[l.GetValue()] += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return out
-}
-
-func equalCounts(a, b map[string]float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }

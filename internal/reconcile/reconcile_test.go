@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/payment"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 	"github.com/inboxworker/inboxworker/internal/poll"
+	"github.com/inboxworker/inboxworker/internal/promtest"
 	"github.com/inboxworker/inboxworker/internal/reconcile"
 	"github.com/inboxworker/inboxworker/internal/testlog"
 )
@@ -133,29 +135,6 @@ func (e *env) start(t *testing.T, url string, after, maxAge time.Duration) *prom
 	return reg
 }
 
-// counter returns the value of the series of name whose label is value, in reg.
-func counter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("no series %s{%s=%q}", name, label, value)
-	return 0
-}
-
 func (e *env) scalar(t *testing.T, sql string, args ...any) string {
 	t.Helper()
 	var s string
@@ -221,10 +200,9 @@ func TestLostCallbacksFound(t *testing.T) {
 		FROM payment_reconciliations WHERE order_no = 'ORD-UNKNOWN'`); next != "true" {
 		t.Errorf("ORD-UNKNOWN is due again within the hour")
 	}
-	for result, want := range map[string]float64{"paid": 1, "failed": 1, "unknown": 1, "pending": 1, "error": 0} {
-		if got := counter(t, reg, "inboxworker_reconciliations_total", "result", result); got != want {
-			t.Errorf("reconciliations %s: %v, want %v", result, got, want)
-		}
+	want := map[string]float64{"paid": 1, "failed": 1, "unknown": 1, "pending": 1, "error": 0}
+	if got := promtest.Counters(t, reg, "inboxworker_reconciliations_total", "result"); !maps.Equal(got, want) {
+		t.Errorf("reconciliations %v, want %v", got, want)
 	}
 }
 
@@ -368,7 +346,7 @@ func TestStatusDown(t *testing.T) {
 	if down > 10+16+2 {
 		t.Errorf("%d requests while the endpoint was down, want at most 28 (until the circuit trips, then a probe at a time)", down)
 	}
-	if got := counter(t, reg, "inboxworker_reconciliations_total", "result", "error"); got != float64(down) {
+	if got := promtest.Counters(t, reg, "inboxworker_reconciliations_total", "result")["error"]; got != float64(down) {
 		t.Errorf("%v errors counted, for %d failed requests", got, down)
 	}
 	t.Logf("%d requests, %d while the endpoint was down", asked, down)
