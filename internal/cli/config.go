@@ -147,12 +147,7 @@ var settings = []*setting{
 		Usage: "off, or standard-webhooks: every payment callback must carry a valid webhook-signature by a key of " +
 			"PAYMENT_SIGNING_KEYS, or it is dead-lettered bad_signature",
 		Set: func(c *Config, v string) error {
-			switch v {
-			case "off", "standard-webhooks":
-				c.PaymentSignature = v
-				return nil
-			}
-			return fmt.Errorf("unknown scheme %q (use off or standard-webhooks)", v)
+			return envflag.OneOf(&c.PaymentSignature, v, "scheme", "off", "standard-webhooks")
 		}},
 	{Env: "PAYMENT_SIGNING_KEYS", Flag: "payment-signing-keys", Meta: "LIST", Shown: keyNames, Use: useTopics,
 		Usage: "the keys payment callbacks are signed with, comma-separated NAME:whsec_<base64> (HMAC-SHA256 secret) or " +
@@ -248,14 +243,7 @@ var settings = []*setting{
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.CommitFailureTimeout, v) }},
 	{Env: "ORDERING", Flag: "ordering", Default: "key", Meta: "MODE", Use: useWorker,
 		Usage: "which messages of a partition run one after another: those of one Kafka key (key), or all (partition)",
-		Set: func(c *Config, v string) error {
-			switch v {
-			case "key", "partition":
-				c.Ordering = v
-				return nil
-			}
-			return fmt.Errorf("unknown ordering %q (use key or partition)", v)
-		}},
+		Set:   func(c *Config, v string) error { return envflag.OneOf(&c.Ordering, v, "ordering", "key", "partition") }},
 	{Env: "MAX_IN_FLIGHT", Flag: "max-in-flight", Default: "256", Meta: "N", Use: useWorker,
 		Usage: "most messages of one partition fetched and not yet committed",
 		Bound: envflag.Counts(1, 10000),

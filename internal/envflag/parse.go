@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -107,4 +108,14 @@ func AddrList(dst *[]string, v string) error {
 	}
 	*dst = out
 	return nil
+}
+
+// OneOf accepts one of choices, what the setting names (an ordering, a scheme).
+func OneOf(dst *string, v, what string, choices ...string) error {
+	if slices.Contains(choices, v) {
+		*dst = v
+		return nil
+	}
+	return fmt.Errorf("unknown %s %q (use %s or %s)", what, v, strings.Join(choices[:len(choices)-1], ", "),
+		choices[len(choices)-1])
 }
