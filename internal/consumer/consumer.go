@@ -292,6 +292,9 @@ type Consumer struct {
 
 	// beforeOffsetCommit, when set (by tests only, before Run), runs before each offset commit.
 	beforeOffsetCommit func(topic string, partition int, offset int64)
+	// beforeAwait, when set (by tests only, before Run), runs each time a partition is about to
+	// wait for news.
+	beforeAwait func(p *partition)
 }
 
 // New returns a Consumer for config, or an error naming the first invalid field.

@@ -52,9 +52,11 @@ type partition struct {
 
 	// The state below belongs to run's goroutine.
 
-	window     window        // the messages fetched and not yet committed
-	running    int           // dispatches in flight
-	wantsSlot  bool          // a message could start if a slot were free
+	window    window // the messages fetched and not yet committed
+	running   int    // dispatches in flight
+	wantsSlot bool   // a message could start if a slot were free
+	// slotFreed is closed when a slot of the route is freed after schedule last looked (see there).
+	slotFreed  <-chan struct{}
 	room       chan struct{} // a token per message fetched and not committed
 	settled    chan settled  // dispatches' results
 	committed  int64         // the offset committed last, else the first fetched; -1 before that
@@ -200,6 +202,9 @@ func (p *partition) loop(work, idle context.Context, fetched <-chan record) {
 			timer.Reset(wake) // since Go 1.23, no stale tick survives a Reset
 			alarm = timer.C
 		}
+		if hook := p.c.beforeAwait; hook != nil {
+			hook(p)
+		}
 		p.await(work, idle, fetched, draining, alarm)
 	}
 }
@@ -234,7 +239,7 @@ func (p *partition) await(work, idle context.Context, fetched <-chan record, dra
 			in = fetched
 		}
 		if p.wantsSlot {
-			slot = p.route.gate.slots.changed()
+			slot = p.slotFreed
 		}
 	}
 	select {

@@ -17,7 +17,10 @@ import (
 // startable messages, and the later messages of their keys, in offset order, up to BatchSize; a
 // batch smaller than that waits BatchWait after its first message's fetch for more.
 func (p *partition) schedule(work, idle context.Context) time.Duration {
-	p.wantsSlot = false
+	// Taken before any slot is looked at: a slot freed from now on closes it, and await wakes.
+	// Taken in await instead, a slot freed in between would be missed, and with it, if it was the
+	// route's last to free, the partition's remaining messages.
+	p.wantsSlot, p.slotFreed = false, p.route.gate.slots.changed()
 	if p.guard.narrowing() {
 		return p.scheduleAlone(work)
 	}
