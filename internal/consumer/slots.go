@@ -70,11 +70,12 @@ func (s *slots) tryAcquire() bool {
 // acquire waits for a free slot, or for ctx to be done.
 func (s *slots) acquire(ctx context.Context) error {
 	for {
+		freed := s.changed() // before the try: a slot freed after it closes this
 		if s.tryAcquire() {
 			return nil
 		}
 		select {
-		case <-s.changed():
+		case <-freed:
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		}
