@@ -38,24 +38,26 @@ func TestSlotFreedBeforeAwait(t *testing.T) {
 		t.Fatal(err)
 	}
 	var release sync.Once
+	free := func() { release.Do(func() { close(hold) }) }
 	consumer.SetBeforeAwait(c, func(partition int, wantsSlot bool, untilFree func()) {
 		if partition == 1 && wantsSlot && holding.Load() {
-			release.Do(func() {
-				close(hold)
-				untilFree() // freed after partition 1 looked for a slot, before it waits for one
-			})
+			free()
+			untilFree() // freed after partition 1 looked for a slot, before it waits for one
 		}
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	defer func() {
+		free() // a failed test never leaves the handler waiting
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Run: %v", err)
 		}
 	}()
+	// The held message first: partition 1's come while it holds the route's only slot.
 	e.produceOrdered("order-"+held[0], held[0])
+	e.waitFor("the first message to hold the slot", holding.Load)
 	for _, k := range rest {
 		e.produceOrdered("order-"+k, k)
 	}
