@@ -55,6 +55,16 @@ func embeddedEnvironment(t *testing.T) *environment {
 		sessionTimeout: "1s", startupTimeout: "10s"}
 }
 
+// execModeEnvironment is embeddedEnvironment with the worker's connections in one of pgx's
+// query exec modes (default_query_exec_mode in DATABASE_URL) other than its default.
+func execModeEnvironment(mode string) func(t *testing.T) *environment {
+	return func(t *testing.T) *environment {
+		env := embeddedEnvironment(t)
+		env.databaseURL += "&default_query_exec_mode=" + mode
+		return env
+	}
+}
+
 // containerEnvironment is real Kafka (KRaft) and Postgres in containers, when a Docker engine answers.
 func containerEnvironment(t *testing.T) *environment {
 	ctx := context.Background()
@@ -115,6 +125,13 @@ func TestEndToEnd(t *testing.T) {
 		start func(*testing.T) *environment
 	}{
 		{"Embedded", embeddedEnvironment},
+		// Every statement's parameters carry their types, so that each of pgx's other query exec
+		// modes works too: those that describe nothing first (exec, simple_protocol) and those
+		// a connection pooler in transaction mode needs (cache_describe).
+		{"Embedded/exec", execModeEnvironment("exec")},
+		{"Embedded/simple_protocol", execModeEnvironment("simple_protocol")},
+		{"Embedded/describe_exec", execModeEnvironment("describe_exec")},
+		{"Embedded/cache_describe", execModeEnvironment("cache_describe")},
 		{"Containers", containerEnvironment},
 	} {
 		t.Run(env.name, func(t *testing.T) {
@@ -309,6 +326,10 @@ func testEndToEnd(t *testing.T, env *environment) {
 	for _, l := range lines {
 		if strings.Contains(l, "s3cret") || strings.Contains(l, "13800138000") || strings.Contains(l, "447700900999") {
 			t.Errorf("a secret or a full phone number in the logs: %s", l)
+		}
+		// Nothing in this stream makes Postgres refuse a statement.
+		if strings.Contains(l, "SQLSTATE") {
+			t.Errorf("Postgres refused a statement: %s", l)
 		}
 	}
 }

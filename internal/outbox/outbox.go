@@ -43,6 +43,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 
@@ -163,17 +164,18 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text
 ORDER BY ord
 ON CONFLICT (id) DO NOTHING`
 
-// rows are events as the columns of emitSQL. The ids go as 16 bytes each, which pgx sends in
-// binary (text it would first fail to send in binary, then quote).
+// rows are events as the columns of emitSQL. The ids are pgtype.UUIDs, whose Go type names their
+// Postgres type: pgx sends them in binary whatever the connection's default_query_exec_mode, where
+// bare [16]byte values have no type to encode to unless the statement was described first.
 type rows struct {
-	ids                                                   [][16]byte
+	ids                                                   []pgtype.UUID
 	topics, aggregateTypes, aggregateIDs, types, payloads []string
 	traces                                                []*string
 }
 
 func newRows(events []Event, trace *string) (*rows, error) {
 	n := len(events)
-	r := &rows{ids: make([][16]byte, n), topics: make([]string, n), aggregateTypes: make([]string, n),
+	r := &rows{ids: make([]pgtype.UUID, n), topics: make([]string, n), aggregateTypes: make([]string, n),
 		aggregateIDs: make([]string, n), types: make([]string, n), payloads: make([]string, n),
 		traces: make([]*string, n)}
 	for i, e := range events {
@@ -181,7 +183,8 @@ func newRows(events []Event, trace *string) (*rows, error) {
 		if err != nil {
 			return nil, fmt.Errorf("outbox: event %d of %d: %w", i+1, n, err)
 		}
-		r.ids[i], r.topics[i], r.aggregateTypes[i], r.aggregateIDs[i] = eventUUID(e.Type, e.Cause), e.Topic, e.AggregateType, e.AggregateID
+		r.ids[i] = pgtype.UUID{Bytes: eventUUID(e.Type, e.Cause), Valid: true}
+		r.topics[i], r.aggregateTypes[i], r.aggregateIDs[i] = e.Topic, e.AggregateType, e.AggregateID
 		r.types[i], r.payloads[i], r.traces[i] = e.Type, string(payload), trace
 	}
 	return r, nil
