@@ -7,6 +7,7 @@
 package migrations
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"errors"
@@ -18,10 +19,17 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+
+	"github.com/inboxworker/inboxworker/internal/pooler"
 )
 
 //go:embed *.sql
 var files embed.FS
+
+// ErrPooled is the error of Up with migrations pending, through a connection pooler in transaction
+// mode: their lock is a Postgres session's, which such a pooler does not keep.
+var ErrPooled = errors.New("migrations are pending, and DATABASE_URL reaches Postgres through a connection pooler in " +
+	"transaction mode, which cannot hold their lock: run `worker migrate` with a DATABASE_URL to Postgres itself")
 
 // Status is one migration and whether it has been applied.
 type Status struct {
@@ -35,6 +43,13 @@ type Status struct {
 func Up(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) ([]string, error) {
 	var applied []string
 	err := withProvider(ctx, pool, func(p *goose.Provider) error {
+		// Asked without the lock, which most starts then never take.
+		if pending, err := p.HasPending(ctx); err != nil || !pending {
+			return err
+		}
+		if pooled, err := pooler.TransactionMode(ctx, pool); err != nil || pooled {
+			return cmp.Or(err, ErrPooled)
+		}
 		results, err := p.Up(ctx)
 		for _, r := range results {
 			if r.Error == nil {

@@ -132,6 +132,11 @@ func TestEndToEnd(t *testing.T) {
 		{"Embedded/simple_protocol", execModeEnvironment("simple_protocol")},
 		{"Embedded/describe_exec", execModeEnvironment("describe_exec")},
 		{"Embedded/cache_describe", execModeEnvironment("cache_describe")},
+		// Behind a connection pooler in transaction mode, the modes that describe nothing or keep
+		// what they describe on the client; the other two are refused at start (TestBehindPooler).
+		{"PgBouncer/cache_describe", poolerEnvironment("cache_describe")},
+		{"PgBouncer/exec", poolerEnvironment("exec")},
+		{"PgBouncer/simple_protocol", poolerEnvironment("simple_protocol")},
 		{"Containers", containerEnvironment},
 	} {
 		t.Run(env.name, func(t *testing.T) {

@@ -22,6 +22,7 @@ const (
 	sqlstateCrashShutdown        = "57P02"
 	sqlstateCannotConnectNow     = "57P03" // starting up, shutting down, in recovery
 	sqlstateReadOnlyTransaction  = "25006" // connected to a standby, as during a failover
+	sqlstateProtocolViolation    = "08P01" // a FATAL one ends the connection; an ERROR refuses one message
 	sqlstateClassConnection      = "08"    // connection exception
 	sqlstateClassResources       = "53"    // insufficient resources: disk full, too many connections
 )
@@ -32,6 +33,9 @@ const (
 //   - a lost or refused connection, any failure to connect, a server shutting down, starting up or
 //     out of resources (classes 08 and 53, 57P01–57P03), a read-only server (25006, a standby
 //     during a failover): unavailable, retried without limit since it is no message's fault;
+//   - a protocol violation that is no more than an ERROR (08P01): Postgres refused the message it
+//     was sent and the connection goes on, as when a parameter sent inside the statement's text
+//     (default_query_exec_mode=simple_protocol) holds a NUL: the message's own fault, permanent;
 //   - a query that ran out of its context's deadline: retryable;
 //   - anything else from Postgres: returned as it is, which fault.Classify treats as permanent.
 //
@@ -54,6 +58,8 @@ func Classify(err error) error {
 		case code == sqlstateSerializationFailure, code == sqlstateDeadlockDetected,
 			code == sqlstateLockNotAvailable, code == sqlstateQueryCanceled:
 			return fault.Retryable(err)
+		case code == sqlstateProtocolViolation && pgErr.Severity == "ERROR":
+			return err
 		case strings.HasPrefix(code, sqlstateClassConnection), strings.HasPrefix(code, sqlstateClassResources),
 			code == sqlstateAdminShutdown, code == sqlstateCrashShutdown, code == sqlstateCannotConnectNow,
 			code == sqlstateReadOnlyTransaction:

@@ -102,6 +102,17 @@ func TestClassify(t *testing.T) {
 			_, err := e.store.Process(ctx, msg, record("nul"))
 			return err
 		}, "22021", fault.KindPermanent},
+		{"InvalidKeyAtClaimInSimpleProtocol", func(t *testing.T) error {
+			// Sent inside the statement's text, the NUL cuts the message short: Postgres refuses it
+			// with an ERROR of class 08 and the connection goes on. Still the message's own fault.
+			simple, err := pgxpool.New(ctx, e.db.URL+"&default_query_exec_mode=simple_protocol")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer simple.Close()
+			_, err = e.newStore(t, simple, inbox.Config{}).Process(ctx, message("nul\x00byte"), record("nul"))
+			return err
+		}, "08P01", fault.KindPermanent},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.produce(t)

@@ -49,7 +49,7 @@ var (
 var shownQueryParams = map[string]bool{
 	"sslmode": true, "user": true, "host": true, "port": true, "dbname": true, "application_name": true,
 	"connect_timeout": true, "target_session_attrs": true, "search_path": true, "sslrootcert": true,
-	"pool_max_conns": true, "pool_min_conns": true,
+	"pool_max_conns": true, "pool_min_conns": true, "default_query_exec_mode": true,
 }
 
 // URL masks what a URL may carry of a secret: the password of its user info and every query value

@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/tracelog"
 
+	"github.com/inboxworker/inboxworker/internal/pooler"
 	"github.com/inboxworker/inboxworker/internal/redact"
 )
 
@@ -46,19 +50,19 @@ func OpenPostgres(ctx context.Context, p Postgres) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
-	var refused *pgconn.PgError
+	var refused string
 	err = waitFor(ctx, p.Timeout, p.Logger, "Postgres", func(ctx context.Context) error {
 		err := pool.Ping(ctx)
-		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && hopeless[pgErr.Code] {
-			refused = pgErr
+		if why, ok := hopeless(err); ok {
+			refused = why
 			return giveUp{err}
 		}
 		return err
 	})
-	if refused != nil {
+	if refused != "" {
 		pool.Close()
-		return nil, fmt.Errorf("DATABASE_URL: Postgres at %s refused the connection: %s (SQLSTATE %s): waiting will not fix it",
-			redact.URL(p.URL), redact.Scrubber(pcfg.ConnConfig.Password)(refused.Message), refused.Code)
+		return nil, fmt.Errorf("DATABASE_URL: Postgres at %s refused the connection: %s: waiting will not fix it",
+			redact.URL(p.URL), redact.Scrubber(pcfg.ConnConfig.Password)(refused))
 	}
 	if err != nil {
 		pool.Close()
@@ -68,17 +72,114 @@ func OpenPostgres(ctx context.Context, p Postgres) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("DATABASE_URL: Postgres at %s unreachable after %s: %s",
 			redact.URL(p.URL), p.Timeout, redact.Scrubber(pcfg.ConnConfig.Password)(err.Error()))
 	}
+	if err := checkSession(ctx, pool, pcfg.ConnConfig); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
 	return pool, nil
 }
 
-// hopeless are the SQLSTATEs of a connection Postgres refused for a reason that waiting does not
-// change: the database or the role does not exist, the password is wrong, or the role may not
-// connect. They end the wait at once; an operator has to fix DATABASE_URL or the server.
-var hopeless = map[string]bool{
+// checkSession refuses what would fail later, or worse, work in the wrong place: a query exec mode
+// that a connection pooler in transaction mode cannot serve, and a search_path that did not reach
+// Postgres (a pooler that ignores the startup parameter would have the worker write its tables
+// to the role's default schema).
+func checkSession(ctx context.Context, pool *pgxpool.Pool, cfg *pgx.ConnConfig) error {
+	if mode := cfg.DefaultQueryExecMode; mode == pgx.QueryExecModeCacheStatement || mode == pgx.QueryExecModeDescribeExec {
+		pooled, err := pooler.TransactionMode(ctx, pool)
+		if err != nil {
+			return err
+		}
+		if pooled {
+			return fmt.Errorf("Postgres is reached through a connection pooler in transaction mode (two connections "+
+				"were answered by one server process), which cannot serve default_query_exec_mode=%s: %s; "+
+				"add default_query_exec_mode=cache_describe to DATABASE_URL", execModeName(mode), execModeWhy[mode])
+		}
+	}
+	want := cfg.RuntimeParams["search_path"]
+	if want == "" {
+		return nil
+	}
+	var got string
+	if err := pool.QueryRow(ctx, "SELECT current_setting('search_path')", pgx.QueryExecModeSimpleProtocol).Scan(&got); err != nil {
+		return fmt.Errorf("read search_path: %w", err)
+	}
+	if !sameSearchPath(got, want) {
+		return fmt.Errorf("search_path=%s did not reach Postgres, whose search_path is %s: the worker's tables would "+
+			"be read and written there; a connection pooler drops the startup parameter: set the schema on "+
+			"the role instead (ALTER ROLE ... SET search_path = %s) and take search_path out of DATABASE_URL", want, got, want)
+	}
+	return nil
+}
+
+// execModeWhy says why a pooler in transaction mode cannot serve a query exec mode.
+var execModeWhy = map[pgx.QueryExecMode]string{
+	pgx.QueryExecModeCacheStatement: "the statements it prepares on one server connection are run on others",
+	pgx.QueryExecModeDescribeExec:   "it describes a statement and runs it in two round trips, which may reach two server connections",
+}
+
+// execModeName is mode as default_query_exec_mode spells it.
+func execModeName(mode pgx.QueryExecMode) string { return strings.ReplaceAll(mode.String(), " ", "_") }
+
+// sameSearchPath reports whether two search_path settings name the same schemas in the same order.
+func sameSearchPath(a, b string) bool {
+	split := func(s string) []string {
+		var out []string
+		for part := range strings.SplitSeq(s, ",") {
+			out = append(out, strings.TrimSpace(part))
+		}
+		return out
+	}
+	return slices.Equal(split(a), split(b))
+}
+
+// hopeless says why err, an error connecting, is a refusal that waiting does not change: the
+// database or the role does not exist, the password is wrong, the role may not connect, a startup
+// parameter is refused, or the server will not speak TLS to a URL that requires it. Such a refusal
+// ends the wait at once; an operator has to fix DATABASE_URL or the server.
+func hopeless(err error) (string, bool) {
+	if err == nil {
+		return "", false
+	}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		why := fmt.Sprintf("%s (SQLSTATE %s)", pgErr.Message, pgErr.Code)
+		switch {
+		case pgErr.Code == sqlstateProtocolViolation && pgErr.Message == "unsupported startup parameter: search_path":
+			return why + "; behind a connection pooler, set the schema on the role instead " +
+				"(ALTER ROLE ... SET search_path = ...) and take search_path out of DATABASE_URL", true
+		case hopelessCodes[pgErr.Code], pgErr.Code == sqlstateProtocolViolation && poolerRefusal(pgErr.Message):
+			return why, true
+		}
+		return "", false
+	}
+	// pgconn's own error, not the server's: there is no code to tell it by.
+	if strings.Contains(err.Error(), "server refused TLS connection") {
+		return "the server does not accept TLS, which sslmode requires", true
+	}
+	return "", false
+}
+
+// hopelessCodes are the SQLSTATEs of a connection Postgres refused for a reason waiting does not
+// change.
+var hopelessCodes = map[string]bool{
 	"3D000": true, // invalid_catalog_name: no such database
-	"28000": true, // invalid_authorization_specification: no such role, or no pg_hba.conf entry
+	"28000": true, // invalid_authorization_specification: no such role, or no pg_hba.conf entry (SSL required)
 	"28P01": true, // invalid_password
 	"42501": true, // insufficient_privilege: no CONNECT on the database
+	"42704": true, // undefined_object: a startup parameter Postgres does not know
+}
+
+// sqlstateProtocolViolation is the code PgBouncer answers its own refusals with, the lasting ones
+// (below) and the passing ones ("pgbouncer cannot connect to server") alike.
+const sqlstateProtocolViolation = "08P01"
+
+// poolerRefusal reports whether msg, a PgBouncer error, is one that waiting does not change.
+func poolerRefusal(msg string) bool {
+	for _, prefix := range []string{"unsupported startup parameter", "no such database", "no such user"} {
+		if strings.HasPrefix(msg, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // pgxTracer routes pgx's own logs to logger without what they may carry of our data: statement
