@@ -53,9 +53,9 @@ func TestMetricsLive(t *testing.T) {
 		t.Errorf("inboxworker_handle_seconds has %d series, want one per topic from the start", n)
 	}
 	// The park's series, one per topic, and the routes' pause series, one per topic and reason
-	// (outage, retry_after), at 0.
+	// (outage, failing, retry_after, database), at 0.
 	for name, want := range map[string]int{"inboxworker_parked_messages": 2, "inboxworker_parked_oldest_seconds": 2,
-		"inboxworker_route_paused": 4, "inboxworker_route_pauses_total": 4} {
+		"inboxworker_route_paused": 8, "inboxworker_route_pauses_total": 8} {
 		series := families[name].GetMetric()
 		if len(series) != want {
 			t.Errorf("%s has %d series, want %d from the start", name, len(series), want)

@@ -78,6 +78,12 @@ func (p *partition) applyMessage(ctx context.Context, e *entry, c carried) error
 		return err
 	}
 	h, a := c.h, p.attemptOf(e, log)
+	var dbWait func() // while it waits for the database
+	defer func() {
+		if dbWait != nil {
+			dbWait()
+		}
+	}()
 	for r := c.first; ; r = nil {
 		if r == nil {
 			got, parkNow, err := p.attemptInPlace(ctx, e, a, h)
@@ -92,6 +98,13 @@ func (p *partition) applyMessage(ctx context.Context, e *entry, c carried) error
 		}
 		d := p.route.policy.decide(h, *r, routeView{open: p.route.gate.open()})
 		h = h.next(*r, d, time.Now())
+		switch {
+		case d.wait == waitDatabase && dbWait == nil:
+			dbWait = p.route.gate.awaitDatabase(d.err)
+		case d.wait != waitDatabase && dbWait != nil:
+			dbWait()
+			dbWait = nil
+		}
 		if d.throttle > 0 {
 			p.route.gate.throttle(d.throttle)
 		}
@@ -129,7 +142,7 @@ func (p *partition) attemptInPlace(ctx context.Context, e *entry, a attempt, h h
 		g.record(permit, e.order, signalNone)
 		return result{}, false, context.Cause(ctx)
 	}
-	g.record(permit, e.order, signalOf(r))
+	g.recordResult(permit, e.order, r)
 	return r, false, nil
 }
 
@@ -187,6 +200,48 @@ func (p *partition) logRetry(ctx context.Context, d decision, h history, log *sl
 		log.DebugContext(ctx, "waiting to try the message again", "why", d.wait, "in", d.delay)
 	default:
 		log.InfoContext(ctx, "waiting to try the message again", "why", d.wait, "in", d.delay)
+	}
+}
+
+// refusalOf says whether err, an attempt's error, is a refusal that would meet any message of its
+// route, and its class: a permanent error of no reason of its own (handler_error, a handler's panic
+// included) that is not about the data the message carries — Postgres's told by their SQLSTATE,
+// others by their Go type. Such refusals, at a high rate, trip the route's circuit (the kill
+// switch): they hold the route's messages instead of dead-lettering them all. (A read-only
+// database is no refusal but an outage, which every message waits out: see gate.awaitDatabase.)
+func refusalOf(err error) (class string, ok bool) {
+	if err == nil {
+		return "", false
+	}
+	if kind, reason, _ := fault.Classify(err); kind != fault.KindPermanent || reason != fault.HandlerError {
+		return "", false
+	}
+	class, data := inbox.ErrorClass(err)
+	switch {
+	case data:
+		return "", false
+	case class == "":
+		class = fmt.Sprintf("%T", innermost(err))
+	}
+	return class, true
+}
+
+// innermost is the last error of err's chain (the first of a joined error's).
+func innermost(err error) error {
+	for {
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			if next := u.Unwrap(); next != nil {
+				err = next
+				continue
+			}
+		case interface{ Unwrap() []error }:
+			if next := u.Unwrap(); len(next) > 0 && next[0] != nil {
+				err = next[0]
+				continue
+			}
+		}
+		return err
 	}
 }
 

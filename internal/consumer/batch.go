@@ -81,7 +81,7 @@ func (p *partition) applyRun(ctx context.Context, msgs []*entry, hs []history) b
 	if ctx.Err() != nil {
 		g.record(permit, msgs[0].order, signalNone)
 	} else {
-		g.record(permit, msgs[0].order, signalOf(r))
+		g.recordResult(permit, msgs[0].order, r)
 	}
 	switch {
 	case r.err == nil:

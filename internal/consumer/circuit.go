@@ -51,6 +51,10 @@ const (
 	// signalNotCalled: the handler declined the message without calling the dependency (an SMS
 	// past its validity): a probe that tells nothing, to be followed by another at once.
 	signalNotCalled
+	// signalRefused: Postgres or the handler refused the message the way it would refuse any
+	// (a privilege revoked, a table missing, a read-only database): a failure that is no fault of
+	// the message's, counted with the others when it is of the run's class (RecordRefused).
+	signalRefused
 )
 
 // CircuitConfig configures a route's outage circuit. The defaults are discussed in docs/design.md
@@ -74,9 +78,10 @@ type CircuitConfig struct {
 	ProbeInterval time.Duration
 	// MaxProbeInterval defaults to 30s.
 	MaxProbeInterval time.Duration
-	// OnChange, when set, is told of every change of state, and why, in order. It is called with the
-	// circuit locked: it must return quickly and not call the circuit.
-	OnChange func(from, to RouteState, why string)
+	// OnChange, when set, is told of every change of state, the cause of the pause it belongs to
+	// (pausedOutage, or pausedFailing when refusals tripped it), and why, in order. It is called
+	// with the circuit locked: it must return quickly and not call the circuit.
+	OnChange func(from, to RouteState, cause, why string)
 }
 
 // circuit tells when a route's failures look like an outage of its dependency (an SMS gateway
@@ -103,12 +108,15 @@ type circuit struct {
 	state   RouteState
 	changed chan struct{} // closed and replaced at each change of state
 
-	// While open: the current run of failures and its keys, and the window.
+	// While open: the current run of failures, its keys and its class (that of its refusals, ""
+	// for failures), and the window.
 	run       int
 	runKeys   map[string]bool
+	runClass  string
 	buckets   []bucket
 	failedAt  map[string]time.Time // key → its last failure in the window
 	trips     uint64               // counts the trips: a permit of an earlier one is stale
+	cause     string               // what tripped it last: pausedOutage or pausedFailing
 	suspects  map[string]bool      // the keys that failed before the trip
 	confirmed bool                 // a probe of a key not among them failed: an outage
 	interval  time.Duration        // the wait before the next probe
@@ -194,7 +202,14 @@ func (c *circuit) Allow() (permit, bool) {
 }
 
 // Record records the result of the run of a message, of key, that p let start.
-func (c *circuit) Record(p permit, key string, res signal) {
+func (c *circuit) Record(p permit, key string, res signal) { c.record(p, key, res, "") }
+
+// RecordRefused records that the run of a message, of key, that p let start was refused the way
+// any would be, with an error of class (a SQLSTATE, say). Refusals trip the circuit as failures
+// do, when they are of one class: a run of failures of another class starts again.
+func (c *circuit) RecordRefused(p permit, key, class string) { c.record(p, key, signalRefused, class) }
+
+func (c *circuit) record(p permit, key string, res signal, class string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
@@ -209,7 +224,7 @@ func (c *circuit) Record(p permit, key string, res signal) {
 			c.interval = c.config.ProbeInterval
 			c.reset()
 			c.setState(RouteOpen, "the probe was answered")
-		case signalFailed:
+		case signalFailed, signalRefused:
 			if !c.suspects[key] {
 				c.confirmed = true
 			}
@@ -239,19 +254,24 @@ func (c *circuit) Record(p permit, key string, res signal) {
 		c.run = 0
 		clear(c.runKeys)
 		c.bucket(now).answers++
-	case signalFailed:
+	case signalFailed, signalRefused:
+		if class != c.runClass {
+			c.run, c.runClass = 0, class
+			clear(c.runKeys)
+		}
 		c.run++
 		if len(c.runKeys) < c.config.MinKeys {
 			c.runKeys[key] = true
 		}
 		c.bucket(now).failures++
 		c.trackFailedKey(key, now)
-		c.tripIfOutage(now)
+		c.tripIfOutage(now, class)
 	}
 }
 
-// tripIfOutage pauses the route when the failures recorded look like an outage.
-func (c *circuit) tripIfOutage(now time.Time) {
+// tripIfOutage pauses the route when the failures recorded look like an outage; class is the last
+// one's, "" when it was no refusal.
+func (c *circuit) tripIfOutage(now time.Time, class string) {
 	var why string
 	if c.run >= c.config.ConsecutiveFailures && len(c.runKeys) >= c.config.MinKeys {
 		why = fmt.Sprintf("%d failures in a row from %d keys or more", c.run, len(c.runKeys))
@@ -266,6 +286,11 @@ func (c *circuit) tripIfOutage(now time.Time) {
 			failures, answers+failures, c.config.Window, len(c.failedAt))
 	}
 	c.trips++
+	c.cause = pausedOutage
+	if class != "" {
+		c.cause = pausedFailing
+		why += ", the last refused with " + class
+	}
 	c.suspects = make(map[string]bool, len(c.failedAt)+len(c.runKeys))
 	for k := range c.failedAt {
 		c.suspects[k] = true
@@ -331,7 +356,7 @@ func (c *circuit) setState(to RouteState, why string) {
 	from := c.state
 	c.setQuietly(to)
 	if c.config.OnChange != nil {
-		c.config.OnChange(from, to, why)
+		c.config.OnChange(from, to, c.cause, why)
 	}
 }
 
@@ -344,7 +369,7 @@ func (c *circuit) setQuietly(to RouteState) {
 
 // reset forgets the failures counted while the route was open.
 func (c *circuit) reset() {
-	c.run = 0
+	c.run, c.runClass = 0, ""
 	c.runKeys = make(map[string]bool, c.config.MinKeys)
 	c.buckets = make([]bucket, windowBuckets)
 	c.failedAt = make(map[string]time.Time)

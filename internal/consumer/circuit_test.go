@@ -15,6 +15,8 @@ type circuitEnv struct {
 	*circuit
 	mu  sync.Mutex
 	log []string // "from→to"
+	// causes are the causes OnChange was told, in order.
+	causes []string
 }
 
 // newCircuitEnv returns a circuit of config that logs its changes of state, each of which must
@@ -22,10 +24,11 @@ type circuitEnv struct {
 func newCircuitEnv(t *testing.T, config CircuitConfig) *circuitEnv {
 	t.Helper()
 	e := &circuitEnv{}
-	config.OnChange = func(from, to RouteState, why string) {
+	config.OnChange = func(from, to RouteState, cause, why string) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		e.log = append(e.log, from.String()+"→"+to.String())
+		e.causes = append(e.causes, cause)
 		if why == "" {
 			t.Errorf("change %s→%s without a reason", from, to)
 		}
@@ -507,5 +510,43 @@ func TestCircuitForgetsOldFailures(t *testing.T) {
 		failEach(old, "a", "b")
 		old.run(t, "c", signalFailed)
 		old.assertState(t, RouteOpen) // 3 failures within the minute: the 9 before are forgotten
+	})
+}
+
+// TestCircuitRefusals: refusals that would meet any message (the kill switch) trip the circuit as
+// failures do when they are of one class, and the pause says so (its cause is pausedFailing): a run
+// of refusals of one class that another class interrupts starts again. A probe that gets through
+// opens the route, and the next trip by failures is an outage's again.
+func TestCircuitRefusals(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		// The rate over the window left out: a minimum of failures it never reaches.
+		e := newCircuitEnv(t, CircuitConfig{MinFailures: 1000})
+		refuse := func(key, class string) {
+			t.Helper()
+			p, ok := e.Allow()
+			if !ok {
+				t.Fatalf("a message of %s may not start; the route is %v", key, e.state)
+			}
+			e.RecordRefused(p, key, class)
+		}
+		for i := range 9 {
+			refuse(fmt.Sprint("k", i), "SQLSTATE 42501")
+		}
+		refuse("k9", "SQLSTATE 42P01") // another class: the run starts again
+		e.assertState(t, RouteOpen)
+		for i := range 9 {
+			refuse(fmt.Sprint("m", i), "SQLSTATE 42P01")
+		}
+		e.assertState(t, RoutePaused)
+		if got := e.changes(); len(got) != 1 || e.causes[0] != pausedFailing {
+			t.Fatalf("changes %v with causes %v, want open→paused for %s", got, e.causes, pausedFailing)
+		}
+		e.probeOf(t, "fresh", signalAnswered)
+		e.assertState(t, RouteOpen)
+		e.trip(t)
+		if last := e.causes[len(e.causes)-1]; last != pausedOutage {
+			t.Errorf("a trip by failures after refusals: cause %s, want %s", last, pausedOutage)
+		}
 	})
 }

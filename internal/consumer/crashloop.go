@@ -233,6 +233,9 @@ func (p *partition) retryDatabase(ctx context.Context, what string, fn func(cont
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
+		if waits == 1 {
+			defer p.route.gate.awaitDatabase(err)()
+		}
 		delay := p.route.policy.waitDelay(waits)
 		p.log.Warn("cannot "+what+"; retrying", "delay", delay, "error", err)
 		if err := p.sleep(ctx, delay); err != nil {

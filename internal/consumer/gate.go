@@ -46,15 +46,19 @@ type gate struct {
 	done         time.Duration
 	// reopen ends the throttle's gauge when it runs out.
 	reopen *time.Timer
+	// dbWaits counts the route's messages and partitions waiting for the database now.
+	dbWaits int
 }
 
 // The reasons a route is paused, as the route_paused gauge's reason label.
 const (
 	pausedOutage     = "outage"      // the circuit: its dependency looks down
+	pausedFailing    = "failing"     // the circuit: its messages are refused alike (the kill switch)
 	pausedRetryAfter = "retry_after" // the throttle: its dependency asked to wait
+	pausedDatabase   = "database"    // its messages wait for Postgres: unreachable, or refusing writes
 )
 
-var pauseReasons = []string{pausedOutage, pausedRetryAfter}
+var pauseReasons = []string{pausedOutage, pausedFailing, pausedRetryAfter, pausedDatabase}
 
 // newGate is the gate of route r: a call route starts slowly, and keeps to its rate.
 func newGate(r Route, cc CircuitConfig, book booker, m *Metrics, log *slog.Logger) (*gate, error) {
@@ -215,6 +219,17 @@ func (g *gate) record(p permit, key string, res signal) {
 	g.circuit.Record(p, key, res)
 }
 
+// recordResult tells the circuit what the run of a message of key, started with p, came to: a
+// refusal that would meet any message is counted by its class (see refusalOf).
+func (g *gate) recordResult(p permit, key string, r result) {
+	if class, ok := refusalOf(r.err); ok {
+		g.slots.failed()
+		g.circuit.RecordRefused(p, key, class)
+		return
+	}
+	g.record(p, key, signalOf(r))
+}
+
 // open reports whether the circuit has the route open: a failure now is a message's own.
 func (g *gate) open() bool {
 	state, _ := g.circuit.State()
@@ -277,18 +292,51 @@ func (g *gate) paused() time.Duration {
 	return throttled + g.circuit.Paused()
 }
 
-// circuitChanged logs a change of the circuit's state and sets the route's gauge.
-func (g *gate) circuitChanged(from, to RouteState, why string) {
-	g.metrics.setPaused(g.topic, pausedOutage, to != RouteOpen)
+// circuitChanged logs a change of the circuit's state and sets the route's gauge of the pause's
+// cause.
+func (g *gate) circuitChanged(from, to RouteState, cause, why string) {
+	g.metrics.setPaused(g.topic, cause, to != RouteOpen)
 	switch {
+	case from == RouteOpen && cause == pausedFailing:
+		g.metrics.countPause(g.topic, cause)
+		g.log.Warn("pausing the route: its messages are all refused alike; holding them instead of dead-lettering them",
+			"topic", g.topic, "why", why)
 	case from == RouteOpen:
-		g.metrics.countPause(g.topic, pausedOutage)
+		g.metrics.countPause(g.topic, cause)
 		g.log.Warn("pausing the route: its dependency looks down", "topic", g.topic, "why", why)
 	case to == RouteOpen:
 		g.slots.restart()
 		g.log.Info("resuming the route", "topic", g.topic, "why", why)
 	default:
 		g.log.Info(fmt.Sprintf("the route is %s", to), "topic", g.topic, "why", why)
+	}
+}
+
+// awaitDatabase marks the route held while one of its messages, or a partition's bookkeeping,
+// waits for the database, which failed with err: unreachable, or refusing writes (a read-only
+// server after a failover). The first wait of a span sets route_paused{reason="database"} and logs
+// it once; done, called when the wait is over, ends the span with the last of them.
+func (g *gate) awaitDatabase(err error) (done func()) {
+	g.mu.Lock()
+	g.dbWaits++
+	if g.dbWaits == 1 {
+		g.metrics.setPaused(g.topic, pausedDatabase, true)
+		g.metrics.countPause(g.topic, pausedDatabase)
+		g.log.Warn("holding the route: the database does not take its writes; waiting for it", "topic", g.topic,
+			"error", err)
+	}
+	g.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			g.dbWaits--
+			if g.dbWaits == 0 {
+				g.metrics.setPaused(g.topic, pausedDatabase, false)
+				g.log.Info("resuming the route: the database takes its writes again", "topic", g.topic)
+			}
+		})
 	}
 }
 

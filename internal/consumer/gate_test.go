@@ -28,10 +28,10 @@ func newTestGate(t *testing.T, cc CircuitConfig) (*gate, *Metrics, *bytes.Buffer
 func TestGateSeriesAtStart(t *testing.T) {
 	t.Parallel()
 	_, m, _ := newTestGate(t, CircuitConfig{})
-	if n := testutil.CollectAndCount(m.Paused); n != 4 {
+	if n := testutil.CollectAndCount(m.Paused); n != 8 {
 		t.Errorf("route_paused has %d series at start, want one per topic and reason", n)
 	}
-	if n := testutil.CollectAndCount(m.Pauses); n != 4 {
+	if n := testutil.CollectAndCount(m.Pauses); n != 8 {
 		t.Errorf("route_pauses_total has %d series at start, want one per topic and reason", n)
 	}
 }
@@ -53,7 +53,7 @@ func TestGateCircuitChanges(t *testing.T) {
 		{RouteProbing, RouteOpen, 0, "resuming the route"},
 	} {
 		logs.Reset()
-		g.circuitChanged(c.from, c.to, "because")
+		g.circuitChanged(c.from, c.to, pausedOutage, "because")
 		if v := testutil.ToFloat64(m.Pauses.WithLabelValues("b", pausedOutage)); v != 1 {
 			t.Errorf("%v→%v: route_pauses_total{b,outage} = %g, want the one pause", c.from, c.to, v)
 		}

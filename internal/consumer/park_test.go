@@ -493,15 +493,15 @@ func TestParkMetricsAtZero(t *testing.T) {
 			t.Errorf("%v at start, want 0", v)
 		}
 	}
-	for _, reason := range []string{"outage", "retry_after"} {
+	for _, reason := range []string{"outage", "failing", "retry_after", "database"} {
 		if v := testutil.ToFloat64(config.Metrics.Paused.WithLabelValues(topic, reason)); v != 0 {
 			t.Errorf("route_paused{%s} %v at start, want 0", reason, v)
 		}
 	}
-	if n := testutil.CollectAndCount(config.Metrics.Paused); n != 2 {
+	if n := testutil.CollectAndCount(config.Metrics.Paused); n != 4 {
 		t.Errorf("route_paused has %d series, want one for the route per reason", n)
 	}
-	if n := testutil.CollectAndCount(config.Metrics.Pauses); n != 2 {
+	if n := testutil.CollectAndCount(config.Metrics.Pauses); n != 4 {
 		t.Errorf("route_pauses_total has %d series, want one for the route per reason", n)
 	}
 }

@@ -106,7 +106,10 @@ const maxThrottle = time.Hour
 // to r.
 //
 //   - Applied or a duplicate: finish. A key reused with another payload, or a permanent error:
-//     dead-letter, with its reason.
+//     dead-letter, with its reason — unless the error is a refusal that would meet any message
+//     (refusalOf) while the route's circuit has it paused: the kill switch, which refusals at a
+//     high rate tripped, holds the message as an outage does, charged nothing, until a probe
+//     gets through.
 //   - The database unreachable, or the key's lease held by another live call: no failure of the
 //     message's. It looks again on a backoff of its own, charged nothing.
 //   - A retryable failure while the route's circuit has it paused: the outage's, charged nothing;
@@ -129,7 +132,10 @@ func (p policy) decide(h history, r result, route routeView) decision {
 		return decision{action: finish, outcome: r.outcome()}
 	}
 	kind, reason, retryAfter := fault.Classify(r.err)
+	_, refused := refusalOf(r.err)
 	switch {
+	case kind == fault.KindPermanent && refused && !route.open:
+		return p.later(h, decision{reason: reason, err: r.err, wait: waitRoute})
 	case kind == fault.KindPermanent:
 		return decision{action: deadLetter, reason: reason, err: r.err}
 	case kind == fault.KindUnavailable:

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
@@ -26,6 +28,8 @@ func TestDecide(t *testing.T) {
 	leaseHeld := fmt.Errorf("%w (another worker, for 14s more)", inbox.ErrLeaseHeld)
 	leaseHeld = &fault.Error{Kind: fault.KindRetryable, RetryAfter: 14 * time.Second, Err: leaseHeld}
 	paced := fault.RetryableAfter(fmt.Errorf("%w: %w", inbox.ErrNotCalled, errPaced), 3*time.Second)
+	revoked := fmt.Errorf("inbox: claim: %w", &pgconn.PgError{Code: "42501", Message: "permission denied for table inbox"})
+	duplicateRow := fmt.Errorf("payment: %w", &pgconn.PgError{Code: "23505"})
 	open, paused := routeView{open: true}, routeView{open: false}
 	failedAt := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC) // when a message that failed before first did
 	ran := func(err error) result { return result{err: err, ran: []int{1}, took: 100 * time.Millisecond} }
@@ -92,6 +96,20 @@ func TestDecide(t *testing.T) {
 			want: decision{action: park, reason: fault.RetriesExhausted, wait: waitRoute}},
 		{name: "RoutePausedByPartition", policy: byPartition, r: ran(retryable), route: paused,
 			want: decision{action: retry, reason: fault.RetriesExhausted, wait: waitRoute}},
+		// The kill switch: a refusal that would meet any message (a privilege revoked: 42501), while
+		// refusals have the route paused, is held as an outage's failure is, charged nothing; a
+		// permanent error about the message's own data (23505), or of its own reason, is still
+		// dead-lettered at once.
+		{name: "RefusedWhileTripped", r: ran(revoked), route: paused,
+			want: decision{action: park, reason: fault.HandlerError, wait: waitRoute}},
+		{name: "RefusedWhileTrippedByPartition", policy: byPartition, r: ran(revoked), route: paused,
+			want: decision{action: retry, reason: fault.HandlerError, wait: waitRoute}},
+		{name: "Refused", r: ran(revoked), route: open,
+			want: decision{action: deadLetter, reason: fault.HandlerError}},
+		{name: "DataErrorWhileTripped", r: ran(duplicateRow), route: paused,
+			want: decision{action: deadLetter, reason: fault.HandlerError}},
+		{name: "InvalidPayloadWhileTripped", r: ran(fault.Permanent(fault.InvalidPayload, errOops)), route: paused,
+			want: decision{action: deadLetter, reason: fault.InvalidPayload}},
 		// A call whose turn under the rate limit would come after its lease: no call, no failure
 		// of the message's, charged nothing, as while the route is paused.
 		// It waits for its turn in place, even past parkAfter: nothing is failing.
@@ -198,5 +216,35 @@ func TestExponential(t *testing.T) {
 	}
 	if d := exponential(time.Second, time.Second, 0, 10_000); d != time.Second {
 		t.Errorf("the 10,000th interval is %v, want the maximum", d)
+	}
+}
+
+// TestRefusalOf: which errors are refusals that would meet any message of the route, and their
+// class, by which the kill switch tells them alike.
+func TestRefusalOf(t *testing.T) {
+	t.Parallel()
+	type plainError struct{ error }
+	for _, c := range []struct {
+		name  string
+		err   error
+		class string // "" for no refusal
+	}{
+		{"None", nil, ""},
+		{"PrivilegeRevoked", fmt.Errorf("inbox: claim: %w", &pgconn.PgError{Code: "42501"}), "SQLSTATE 42501"},
+		{"TableMissing", fmt.Errorf("payment: %w", &pgconn.PgError{Code: "42P01"}), "SQLSTATE 42P01"},
+		{"UniqueViolation", &pgconn.PgError{Code: "23505"}, ""},
+		{"InvalidText", &pgconn.PgError{Code: "22P02"}, ""},
+		{"ReadOnly", inbox.Classify(&pgconn.PgError{Code: "25006"}), ""}, // an outage: waited out
+		{"InvalidPayload", fault.Permanent(fault.InvalidPayload, errors.New("bad JSON")), ""},
+		{"Retryable", fault.Retryable(errors.New("503")), ""},
+		{"Handler", fmt.Errorf("outbox: emit: %w", plainError{errors.New("cannot encode")}), "consumer.plainError"},
+		{"Joined", errors.Join(fmt.Errorf("a: %w", &pgconn.PgError{Code: "42703"}), errors.New("b")), "SQLSTATE 42703"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			class, ok := refusalOf(c.err)
+			if ok != (c.class != "") || class != c.class {
+				t.Errorf("refusalOf(%v) = %q, %t; want %q", c.err, class, ok, c.class)
+			}
+		})
 	}
 }

@@ -254,7 +254,7 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 		}
 		return
 	}
-	g.record(permit, string(m.OrderingKey), signalOf(res))
+	g.recordResult(permit, string(m.OrderingKey), res)
 	d := r.p.route.policy.decide(h, res, routeView{open: g.open()})
 	h = h.next(res, d, time.Now())
 	if d.throttle > 0 {

@@ -89,3 +89,16 @@ func isConnectionError(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, pgconn.ErrConnClosed) || pgconn.SafeToRetry(err)
 }
+
+// ErrorClass is the class of err, when Postgres answered it, by which errors are told alike:
+// "SQLSTATE " and its code. data reports whether the code is about the data a statement carried
+// (class 22, a data exception; class 23, an integrity constraint violation) rather than about the
+// database (a privilege, a table or a column missing, a read-only server). It is "", false for an
+// error Postgres did not answer.
+func ErrorClass(err error) (class string, data bool) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return "", false
+	}
+	return "SQLSTATE " + pgErr.Code, strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")
+}

@@ -89,7 +89,7 @@ func New(cfg Config) (*Reconciler, error) {
 	}
 	log := cmp.Or(cfg.Logger, slog.Default()).With("component", "reconciliation")
 	circuit, err := consumer.NewDependencyCircuit(consumer.CircuitConfig{MaxProbeInterval: maxProbeInterval,
-		OnChange: func(from, to consumer.RouteState, why string) {
+		OnChange: func(from, to consumer.RouteState, _, why string) {
 			switch {
 			case from == consumer.RouteOpen:
 				log.Warn("pausing reconciliation: the payment status endpoint looks down", "why", why)

@@ -41,6 +41,7 @@ func OpenPostgres(ctx context.Context, p Postgres) (*pgxpool.Pool, error) {
 		pcfg.ConnConfig.RuntimeParams["search_path"] = p.Schema
 	}
 	pcfg.ConnConfig.Tracer = pgxTracer(p.Logger, pcfg.ConnConfig.Password)
+	pcfg.ConnConfig.OnPgError = dropReadOnly(pcfg.ConnConfig.OnPgError)
 	connectTimeout := pcfg.ConnConfig.ConnectTimeout
 	if connectTimeout <= 0 {
 		connectTimeout = 5 * time.Second
@@ -131,6 +132,23 @@ func sameSearchPath(a, b string) bool {
 	}
 	return slices.Equal(split(a), split(b))
 }
+
+// dropReadOnly closes a connection whose server answers that it refuses writes (SQLSTATE 25006:
+// a standby, a primary demoted in a failover, default_transaction_read_only), rather than give it
+// back to the pool: a new connection may reach the primary, or a server made writable again,
+// where this one never would. Every other error goes to next, pgx's own handler, which closes the
+// connection on a FATAL.
+func dropReadOnly(next pgconn.PgErrorHandler) pgconn.PgErrorHandler {
+	return func(conn *pgconn.PgConn, err *pgconn.PgError) bool {
+		if err.Code == sqlstateReadOnly {
+			return false
+		}
+		return next == nil || next(conn, err)
+	}
+}
+
+// sqlstateReadOnly is read_only_sql_transaction.
+const sqlstateReadOnly = "25006"
 
 // hopeless says why err, an error connecting, is a refusal that waiting does not change: the
 // database or the role does not exist, the password is wrong, the role may not connect, a startup
