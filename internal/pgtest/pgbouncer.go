@@ -1,7 +1,6 @@
 package pgtest
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -15,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -44,19 +42,25 @@ func PgBouncer(tb testing.TB, users []string, settings ...string) *Bouncer {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	addr := freeAddr(tb)
-	_, port, _ := net.SplitHostPort(addr)
 	// PgBouncer refuses to run as root: as root, it runs as postgres, which must read its files.
 	dir, err := os.MkdirTemp("", "pgbouncer-")
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
 	var auth strings.Builder
 	for _, u := range users {
 		fmt.Fprintf(&auth, "%q \"\"\n", u)
 	}
-	config := fmt.Sprintf(`[databases]
+	writeFile(tb, dir, "users.txt", auth.String())
+	// The port is free when chosen, but another test may take it before PgBouncer listens on it.
+	for try := 1; ; try++ {
+		addr := freeAddr(tb)
+		_, port, _ := net.SplitHostPort(addr)
+		writeFile(tb, dir, "pgbouncer.ini", fmt.Sprintf(`[databases]
 * = host=%s port=%s
 
 [pgbouncer]
@@ -70,19 +74,28 @@ max_client_conn = 500
 default_pool_size = 20
 %s
 `, server.Hostname(), cmp.Or(server.Port(), "5432"), port, filepath.Join(dir, "users.txt"),
-		strings.Join(settings, "\n"))
-	for name, content := range map[string]string{"users.txt": auth.String(), "pgbouncer.ini": config} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-			tb.Fatal(err)
+			strings.Join(settings, "\n")))
+		output, ok := startBouncer(tb, bin, dir, addr)
+		switch {
+		case ok:
+			return &Bouncer{Addr: addr}
+		case try == 3:
+			tb.Fatalf("pgbouncer did not start listening on a free port, three times:\n%s", output)
 		}
 	}
-	if err := os.Chmod(dir, 0o755); err != nil {
+}
+
+// startBouncer starts PgBouncer with the configuration in dir, and waits for it to listen on addr.
+// It reports false, with its output, when it exits first.
+func startBouncer(tb testing.TB, bin, dir, addr string) (string, bool) {
+	out, err := os.Create(filepath.Join(dir, "pgbouncer.log"))
+	if err != nil {
 		tb.Fatal(err)
 	}
-	var out syncBuffer
+	defer out.Close() // the process has its own copy
+	output := func() string { b, _ := os.ReadFile(out.Name()); return string(b) }
 	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.WaitDelay = 5 * time.Second
+	cmd.Stdout, cmd.Stderr = out, out
 	if os.Geteuid() == 0 {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: postgresUser(tb)}
 	}
@@ -103,15 +116,21 @@ default_pool_size = 20
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			_ = conn.Close()
-			return &Bouncer{Addr: addr}
+			return "", true
 		}
 		select {
 		case <-exited:
-			tb.Fatalf("pgbouncer exited:\n%s", out.String())
+			return output(), false
 		case <-deadline:
-			tb.Fatalf("pgbouncer does not listen on %s: %v\n%s", addr, err, out.String())
+			tb.Fatalf("pgbouncer does not listen on %s: %v\n%s", addr, err, output())
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+}
+
+func writeFile(tb testing.TB, dir, name, content string) {
+	if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+		tb.Fatal(err)
 	}
 }
 
@@ -175,22 +194,4 @@ func freeAddr(tb testing.TB) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
-}
-
-// syncBuffer is a bytes.Buffer safe for a process's output and a test reading it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
