@@ -52,8 +52,8 @@ const (
 	// past its validity): a probe that tells nothing, to be followed by another at once.
 	signalNotCalled
 	// signalRefused: Postgres or the handler refused the message the way it would refuse any
-	// (a privilege revoked, a table missing, a read-only database): a failure that is no fault of
-	// the message's, counted with the others when it is of the run's class (RecordRefused).
+	// (a privilege revoked, a table missing: see refusalOf): a failure that is no fault of the
+	// message's, counted with the others when it is of the run's class (RecordRefused).
 	signalRefused
 )
 
