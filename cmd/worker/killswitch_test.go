@@ -23,29 +23,30 @@ func TestKillSwitch(t *testing.T) {
 	for _, tt := range []struct {
 		name        string
 		break_, fix string
-		// reconnect: the break holds only for new sessions, so the worker's are ended after it.
-		reconnect bool
-		reason    string // route_paused's
-		logged    string // the one line that says the route is held
+		// beforeStart: the break holds only for new sessions, so it is made before the worker
+		// opens its own.
+		beforeStart bool
+		reason      string // route_paused's
+		logged      string // the one line that says the route is held
 	}{
 		// INSERT on the inbox revoked: every claim fails with 42501, a permanent error.
 		{name: "PrivilegeRevoked", break_: "REVOKE INSERT ON inbox FROM %s", fix: "GRANT INSERT ON inbox TO %s",
 			reason: "failing", logged: "pausing the route: its messages are all refused alike"},
-		// The database turned read-only under the worker (a failover that left it on a demoted
-		// primary): 25006 on every write, an outage waited out, and the sessions keep it after the
-		// fix, so they must be dropped, not reused.
+		// The database read-only to every session of the worker's (a failover that left it on a
+		// demoted primary): 25006 on every write, an outage waited out, and the sessions keep it
+		// after the fix, so they must be dropped, not reused.
 		{name: "ReadOnly", break_: "ALTER ROLE %s SET default_transaction_read_only = on",
-			fix: "ALTER ROLE %s RESET default_transaction_read_only", reconnect: true,
+			fix: "ALTER ROLE %s RESET default_transaction_read_only", beforeStart: true,
 			reason: "database", logged: "holding the route: the database does not take its writes"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			testKillSwitch(t, tt.break_, tt.fix, tt.reconnect, tt.reason, tt.logged)
+			testKillSwitch(t, tt.break_, tt.fix, tt.beforeStart, tt.reason, tt.logged)
 		})
 	}
 }
 
-func testKillSwitch(t *testing.T, breakSQL, fixSQL string, reconnect bool, reason, logged string) {
+func testKillSwitch(t *testing.T, breakSQL, fixSQL string, beforeStart bool, reason, logged string) {
 	ctx := context.Background()
 	const orders = 200
 	cluster := startBroker(t, partitions, topicPayments, topicPayments+".dlq", topicSMS, topicSMS+".dlq")
@@ -59,6 +60,14 @@ func testKillSwitch(t *testing.T, breakSQL, fixSQL string, reconnect bool, reaso
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO orders (order_no, user_id, amount, currency)
 		SELECT 'K-' || i, 'u', 10.00, 'CNY' FROM generate_series(1, $1) AS i`, orders); err != nil {
 		t.Fatal(err)
+	}
+	breakIt := func() {
+		if _, err := db.Pool.Exec(ctx, fmt.Sprintf(breakSQL, role)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if beforeStart {
+		breakIt()
 	}
 	p := startWorker(t, []string{
 		"KAFKA_BROKERS=" + cluster.Addr,
@@ -79,13 +88,8 @@ func testKillSwitch(t *testing.T, breakSQL, fixSQL string, reconnect bool, reaso
 		return ""
 	})
 
-	if _, err := db.Pool.Exec(ctx, fmt.Sprintf(breakSQL, role)); err != nil {
-		t.Fatal(err)
-	}
-	if reconnect {
-		if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`, role); err != nil {
-			t.Fatal(err)
-		}
+	if !beforeStart {
+		breakIt()
 	}
 	msgs := make([]kafka.Message, orders)
 	for i := range msgs {

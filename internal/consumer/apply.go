@@ -99,7 +99,7 @@ func (p *partition) applyMessage(ctx context.Context, e *entry, c carried) error
 		d := p.route.policy.decide(h, *r, routeView{open: p.route.gate.open()})
 		h = h.next(*r, d, time.Now())
 		switch {
-		case d.wait == waitDatabase && dbWait == nil:
+		case d.wait == waitDatabase && dbWait == nil && h.waits >= heldAfterWaits:
 			dbWait = p.route.gate.awaitDatabase(d.err)
 		case d.wait != waitDatabase && dbWait != nil:
 			dbWait()
@@ -224,6 +224,12 @@ func refusalOf(err error) (class string, ok bool) {
 		class = fmt.Sprintf("%T", innermost(err))
 	}
 	return class, true
+}
+
+// isRefusal reports whether err is a refusal (refusalOf).
+func isRefusal(err error) bool {
+	_, ok := refusalOf(err)
+	return ok
 }
 
 // innermost is the last error of err's chain (the first of a joined error's).

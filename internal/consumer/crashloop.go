@@ -233,7 +233,7 @@ func (p *partition) retryDatabase(ctx context.Context, what string, fn func(cont
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		if waits == 1 {
+		if waits == heldAfterWaits {
 			defer p.route.gate.awaitDatabase(err)()
 		}
 		delay := p.route.policy.waitDelay(waits)

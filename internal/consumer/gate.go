@@ -314,8 +314,10 @@ func (g *gate) circuitChanged(from, to RouteState, cause, why string) {
 
 // awaitDatabase marks the route held while one of its messages, or a partition's bookkeeping,
 // waits for the database, which failed with err: unreachable, or refusing writes (a read-only
-// server after a failover). The first wait of a span sets route_paused{reason="database"} and logs
-// it once; done, called when the wait is over, ends the span with the last of them.
+// server after a failover). Its callers call it once a wait outlasts heldAfterWaits tries: a
+// connection lost once and replaced at the next try holds nothing. The first wait of a span sets
+// route_paused{reason="database"} and logs it once; done, called when the wait is over, ends the
+// span with the last of them.
 func (g *gate) awaitDatabase(err error) (done func()) {
 	g.mu.Lock()
 	g.dbWaits++
@@ -339,6 +341,9 @@ func (g *gate) awaitDatabase(err error) (done func()) {
 		})
 	}
 }
+
+// heldAfterWaits is how many failed tries in a row make a wait for the database hold the route.
+const heldAfterWaits = 2
 
 // routePoll is how often a route that is probing is looked at again.
 const routePoll = 100 * time.Millisecond

@@ -132,9 +132,8 @@ func (p policy) decide(h history, r result, route routeView) decision {
 		return decision{action: finish, outcome: r.outcome()}
 	}
 	kind, reason, retryAfter := fault.Classify(r.err)
-	_, refused := refusalOf(r.err)
 	switch {
-	case kind == fault.KindPermanent && refused && !route.open:
+	case kind == fault.KindPermanent && !route.open && isRefusal(r.err):
 		return p.later(h, decision{reason: reason, err: r.err, wait: waitRoute})
 	case kind == fault.KindPermanent:
 		return decision{action: deadLetter, reason: reason, err: r.err}

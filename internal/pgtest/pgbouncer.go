@@ -3,8 +3,6 @@ package pgtest
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"net/url"
@@ -148,9 +146,7 @@ func (db *DB) Role(tb testing.TB) string {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	suffix := make([]byte, 6)
-	_, _ = rand.Read(suffix)
-	role := "role_" + hex.EncodeToString(suffix)
+	role := randomName("role_")
 	pool, err := admin.get()
 	if err != nil {
 		tb.Fatal(err)

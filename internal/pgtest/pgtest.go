@@ -146,9 +146,7 @@ func createSchema(migrate bool) (*DB, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
-	suffix := make([]byte, 6)
-	_, _ = rand.Read(suffix)
-	schema := "test_" + hex.EncodeToString(suffix)
+	schema := randomName("test_")
 
 	adminPool, err := admin.get()
 	if err != nil {
@@ -176,6 +174,13 @@ func createSchema(migrate bool) (*DB, error) {
 		return nil, err
 	}
 	return db, nil
+}
+
+// randomName is prefix and 12 random hex digits: a name no other test's schema or role has.
+func randomName(prefix string) string {
+	suffix := make([]byte, 6)
+	_, _ = rand.Read(suffix)
+	return prefix + hex.EncodeToString(suffix)
 }
 
 func (db *DB) drop() {
