@@ -76,6 +76,8 @@ func runChild() {
 		mode.order = consumer.ByPartition
 	}
 	config := testConfig(os.Getenv(childBroker), pool, store, h, mode, log)
+	// Short, so that the partitions of the child, killed, move on quickly to the test's consumer.
+	config.SessionTimeout = 1500 * time.Millisecond
 	if key := os.Getenv(childParked); key != "" {
 		h.fail = failUntil(key, nil)
 		parkSoon(&config)

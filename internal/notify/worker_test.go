@@ -43,10 +43,9 @@ func (e *workerEnv) start(t *testing.T, config notify.Config) (*inboxworker.Work
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	w, err := inboxworker.New(inboxworker.Config{
-		Brokers:        []string{e.kafka.Addr},
-		GroupID:        smsGroup,
-		SessionTimeout: 600 * time.Millisecond,
-		Pool:           e.pool,
+		Brokers: []string{e.kafka.Addr},
+		GroupID: smsGroup,
+		Pool:    e.pool,
 		Routes: []inboxworker.Route{{Topic: smsTopic, Name: "sms", Call: e.limitedHandler(t, config),
 			Concurrency: 32}},
 		Retry:           inboxworker.Retry{InitialInterval: 10 * time.Millisecond, MaxInterval: 200 * time.Millisecond, MaxElapsed: 5 * time.Minute},

@@ -137,7 +137,6 @@ func testThroughConsumer(t *testing.T, mode consumer.Transactions) {
 				}
 			},
 		}}},
-		SessionTimeout: 600 * time.Millisecond,
 		Retry: consumer.Retry{
 			InitialInterval: time.Millisecond,
 			MaxInterval:     20 * time.Millisecond,
@@ -236,7 +235,6 @@ func testOneOrderPerTransactionThroughConsumer(t *testing.T, mode consumer.Trans
 		Brokers:         []string{broker.Addr},
 		GroupID:         "payments-test",
 		Routes:          []consumer.Route{{Topic: topic, Name: "payments", Handler: e.handler}},
-		SessionTimeout:  600 * time.Millisecond,
 		Retry:           consumer.Retry{InitialInterval: time.Millisecond, MaxInterval: 20 * time.Millisecond, MaxElapsed: 5 * time.Second},
 		Transactions:    mode,
 		ShutdownTimeout: 5 * time.Second,

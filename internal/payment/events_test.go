@@ -215,8 +215,8 @@ func TestEventsOfRetriedBatch(t *testing.T) {
 
 	c, err := consumer.New(consumer.Config{
 		Brokers: []string{broker.Addr}, GroupID: "payments-test",
-		Routes:         []consumer.Route{{Topic: topic, Name: "payments", Handler: e.handler}},
-		SessionTimeout: 600 * time.Millisecond, Transactions: consumer.PerBatch, BatchWait: 20 * time.Millisecond,
+		Routes:       []consumer.Route{{Topic: topic, Name: "payments", Handler: e.handler}},
+		Transactions: consumer.PerBatch, BatchWait: 20 * time.Millisecond,
 		ShutdownTimeout: 5 * time.Second, Store: e.store, DeadLetters: deadletter.NewStore(e.pool),
 		Metrics: consumer.NewMetrics(prometheus.NewRegistry()), Logger: testlog.New(t),
 	})

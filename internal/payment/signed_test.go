@@ -129,7 +129,6 @@ func testSignedCallbacks(t *testing.T, batchSize int) {
 	w, err := inboxworker.New(inboxworker.Config{
 		Brokers:         []string{broker.Addr},
 		GroupID:         "payments-test",
-		SessionTimeout:  600 * time.Millisecond,
 		Pool:            e.pool,
 		Routes:          []inboxworker.Route{{Topic: topic, Name: "payments", Handler: e.handler, Verify: verifier}},
 		Retry:           inboxworker.Retry{InitialInterval: 10 * time.Millisecond, MaxInterval: 100 * time.Millisecond, MaxElapsed: time.Hour},
