@@ -52,6 +52,8 @@ type Config struct {
 	// later messages of its key waiting, before it is parked out of its partition's way. Defaults
 	// to 5s.
 	ParkAfter time.Duration
+	// KillSwitch says when a route whose messages all fail alike pauses.
+	KillSwitch KillSwitch
 	// Ordering says which messages of a partition run one after another. Defaults to ByKey.
 	Ordering Ordering
 	// MaxInFlight is the most messages of one partition fetched and not yet committed. Defaults
@@ -104,6 +106,39 @@ type Retry struct {
 	MaxElapsed time.Duration
 }
 
+// KillSwitch pauses a route whose messages fail alike — a dependency down (timeouts, 5xx), or
+// every message refused the same way (a revoked privilege, a missing table) — instead of retrying
+// or dead-lettering each of them. A paused route starts one message at a time, the probe, 1s
+// after the pause, then at doubling intervals; the first probe that succeeds resumes it, and the
+// messages it held are applied then, once, with no replay. The failures of one key, or of two,
+// never trip it: they come from 3 different keys at least.
+type KillSwitch struct {
+	// After is how many failures of one kind trip it: in a row, or in a minute in which they are
+	// Rate of the results or more. Before a route refusing every message pauses, fewer than After
+	// of them are dead-lettered. Defaults to 10.
+	After int
+	// Rate is the share of a minute's results that, failed, trips it once After have failed.
+	// Defaults to 0.5.
+	Rate float64
+	// MaxProbeInterval is the longest wait between two probes of a paused route. Defaults to
+	// 30s.
+	MaxProbeInterval time.Duration
+}
+
+// circuit returns the consumer's configuration of k, or an error naming its first invalid field.
+func (k KillSwitch) circuit() (consumer.CircuitConfig, error) {
+	switch {
+	case k.After < 0:
+		return consumer.CircuitConfig{}, fmt.Errorf("Config.KillSwitch.After must not be negative, got %d", k.After)
+	case k.Rate < 0 || k.Rate > 1:
+		return consumer.CircuitConfig{}, fmt.Errorf("Config.KillSwitch.Rate must be from 0 to 1, got %g", k.Rate)
+	case k.MaxProbeInterval != 0 && k.MaxProbeInterval < time.Second:
+		return consumer.CircuitConfig{}, fmt.Errorf("Config.KillSwitch.MaxProbeInterval must be at least 1s, got %s", k.MaxProbeInterval)
+	}
+	return consumer.CircuitConfig{ConsecutiveFailures: k.After, MinFailures: k.After, FailureRate: k.Rate,
+		MaxProbeInterval: k.MaxProbeInterval}, nil
+}
+
 // Ordering says which messages of a partition run one after another.
 type Ordering int
 
@@ -145,6 +180,10 @@ func New(config Config) (*Worker, error) {
 	if config.Registerer != nil {
 		metrics = consumer.NewMetrics(config.Registerer)
 	}
+	circuit, err := config.KillSwitch.circuit()
+	if err != nil {
+		return nil, fmt.Errorf("inboxworker: %w", err)
+	}
 	c, err := consumer.New(consumer.Config{
 		Brokers:        config.Brokers,
 		GroupID:        config.GroupID,
@@ -156,6 +195,7 @@ func New(config Config) (*Worker, error) {
 		Retry: consumer.Retry{InitialInterval: config.Retry.InitialInterval,
 			MaxInterval: config.Retry.MaxInterval, MaxElapsed: config.Retry.MaxElapsed},
 		Ordering:             consumer.Ordering(config.Ordering),
+		Circuit:              circuit,
 		ParkAfter:            config.ParkAfter,
 		MaxInFlight:          config.MaxInFlight,
 		BatchSize:            config.BatchSize,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -46,6 +47,10 @@ func TestNewRefuses(t *testing.T) {
 			c.DLQSuffix = ".dead"
 			c.EventTopics = []string{"events", "t12.dead"}
 		}, "Config.EventTopics[1]"},
+		{"KillSwitchNegative", func(c *inboxworker.Config) { c.KillSwitch.After = -1 }, "Config.KillSwitch.After"},
+		{"KillSwitchRateOverOne", func(c *inboxworker.Config) { c.KillSwitch.Rate = 1.5 }, "Config.KillSwitch.Rate"},
+		{"KillSwitchProbesTooOften", func(c *inboxworker.Config) { c.KillSwitch.MaxProbeInterval = time.Millisecond },
+			"Config.KillSwitch.MaxProbeInterval"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

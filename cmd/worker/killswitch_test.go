@@ -16,7 +16,7 @@ import (
 
 // TestKillSwitch breaks the database under a stream of callbacks the ways a DBA can: every write
 // refused alike. The route must pause instead of emptying the stream into the dead-letter topic
-// (at most 10 dead letters), say so once in its logs and in route_paused{reason="failing"}, and,
+// (fewer than KILL_SWITCH_AFTER dead letters), say so once in its logs and in route_paused{reason="failing"}, and,
 // once the cause is fixed, apply every callback it held, once, without a replay.
 func TestKillSwitch(t *testing.T) {
 	t.Parallel()
@@ -49,6 +49,8 @@ func TestKillSwitch(t *testing.T) {
 func testKillSwitch(t *testing.T, breakSQL, fixSQL string, beforeStart bool, reason, logged string) {
 	ctx := context.Background()
 	const orders = 200
+	// Half the default: a worker that ignored the setting would dead-letter up to 9.
+	const killSwitchAfter = 5
 	cluster := startBroker(t, partitions, topicPayments, topicPayments+".dlq", topicSMS, topicSMS+".dlq")
 	db := pgtest.Schema(t)
 	role := db.Role(t)
@@ -79,6 +81,7 @@ func testKillSwitch(t *testing.T, breakSQL, fixSQL string, beforeStart bool, rea
 		"RETRY_INITIAL_INTERVAL=10ms",
 		"RETRY_MAX_INTERVAL=100ms",
 		"STARTUP_TIMEOUT=30s",
+		"KILL_SWITCH_AFTER=" + fmt.Sprint(killSwitchAfter),
 	}, "run", "--no-migrate")
 	base := p.httpAddr()
 	eventually(t, func() string {
@@ -106,8 +109,8 @@ func testKillSwitch(t *testing.T, breakSQL, fixSQL string, beforeStart bool, rea
 	})
 	tripped := time.Since(broken)
 	deadLettered := messagesTotal(scrape(t, base))[topicPayments]["dead_lettered"]
-	if deadLettered > 10 {
-		t.Errorf("%v dead letters before the route paused, want at most 10", deadLettered)
+	if deadLettered >= killSwitchAfter {
+		t.Errorf("%v dead letters before the route paused, want fewer than KILL_SWITCH_AFTER=%d", deadLettered, killSwitchAfter)
 	}
 	// Held, not dead-lettered: a while later, still as many.
 	time.Sleep(500 * time.Millisecond)

@@ -18,7 +18,7 @@ import (
 func TestEveryNumberIsBounded(t *testing.T) {
 	t.Parallel()
 	for _, s := range settingsOf(bundledRoutes) {
-		if (s.Meta == "DURATION" || s.Meta == "N") && s.Bound == nil {
+		if (s.Meta == "DURATION" || s.Meta == "N" || s.Meta == "PERCENT") && s.Bound == nil {
 			t.Errorf("%s (--%s) has no Bound", s.Env, s.Flag)
 		}
 	}

@@ -62,6 +62,12 @@ type Config struct {
 	RetryMaxElapsed      time.Duration
 	RetryParkAfter       time.Duration
 
+	// KillSwitchAfter, KillSwitchRate (a percentage) and KillSwitchMaxProbeInterval configure the
+	// routes' kill switch (inboxworker.KillSwitch).
+	KillSwitchAfter            int
+	KillSwitchRate             int
+	KillSwitchMaxProbeInterval time.Duration
+
 	BatchSize int
 	BatchWait time.Duration
 
@@ -221,6 +227,20 @@ var settings = []*setting{
 		Usage: "how long a message is retried in place before it is parked, out of its partition's way (ORDERING=key)",
 		Bound: envflag.Durations(100*time.Millisecond, time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryParkAfter, v) }},
+	{Env: "KILL_SWITCH_AFTER", Flag: "kill-switch-after", Default: "10", Meta: "N", Use: useWorker,
+		Usage: "failures of one kind, from 3 keys or more, that pause a route instead of retrying or dead-lettering " +
+			"the rest (in a row, or KILL_SWITCH_RATE of a minute's results)",
+		Bound: envflag.Counts(3, 1000),
+		Set:   func(c *Config, v string) error { return envflag.Positive(&c.KillSwitchAfter, v) }},
+	{Env: "KILL_SWITCH_RATE", Flag: "kill-switch-rate", Default: "50", Meta: "PERCENT", Use: useWorker,
+		Usage: "share of a minute's results that, failed, pauses a route once KILL_SWITCH_AFTER have failed",
+		Bound: envflag.Counts(1, 100),
+		Set:   func(c *Config, v string) error { return envflag.Positive(&c.KillSwitchRate, v) }},
+	{Env: "KILL_SWITCH_MAX_PROBE_INTERVAL", Flag: "kill-switch-max-probe-interval", Default: "30s", Meta: "DURATION",
+		Use:   useWorker,
+		Usage: "longest wait between two probes of a paused route (the first after 1s, then doubling)",
+		Bound: envflag.Durations(time.Second, time.Hour),
+		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.KillSwitchMaxProbeInterval, v) }},
 	{Env: "OUTBOX_RETENTION", Flag: "outbox-retention", Default: "24h", Meta: "DURATION", Use: useWorker,
 		Usage: "how long an event stays in the outbox table, from when it was written, before it is purged once published",
 		Bound: envflag.Durations(time.Minute, 720*time.Hour),

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/envflag"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
@@ -231,7 +232,10 @@ var contractDefaults = map[string]string{
 	"RETRY_MAX_INTERVAL":             "30s",
 	"RETRY_MAX_ELAPSED":              "5m",
 	"RETRY_PARK_AFTER":               "5s", // not in the contract's table: the park's
-	"INBOX_RETENTION_PAYMENTS":       "",   // the topic's retention.ms + segment.ms + 1h, settled at start
+	"KILL_SWITCH_AFTER":              "10", // not in the contract's table: the kill switch's
+	"KILL_SWITCH_RATE":               "50",
+	"KILL_SWITCH_MAX_PROBE_INTERVAL": "30s",
+	"INBOX_RETENTION_PAYMENTS":       "", // the topic's retention.ms + segment.ms + 1h, settled at start
 	"INBOX_RETENTION_SMS":            "",
 	"BATCH_SIZE":                     "256", // not in the contract's table: the throughput settings
 	"BATCH_WAIT":                     "5ms",
@@ -283,6 +287,7 @@ func TestDefaults(t *testing.T) {
 		PaymentStatusRateLimit: 10, ReconcileAfter: 10 * time.Minute, ReconcileMaxAge: 72 * time.Hour,
 		DLQSuffix:            ".dlq",
 		RetryInitialInterval: 200 * time.Millisecond, RetryMaxInterval: 30 * time.Second, RetryMaxElapsed: 5 * time.Minute, RetryParkAfter: 5 * time.Second,
+		KillSwitchAfter: 10, KillSwitchRate: 50, KillSwitchMaxProbeInterval: 30 * time.Second,
 		BatchSize: 256, BatchWait: 5 * time.Millisecond, LagInterval: 5 * time.Second, CommitFailureTimeout: time.Minute,
 		Ordering: "key", MaxInFlight: 256,
 		HTTPAddr: ":8080", ShutdownTimeout: 30 * time.Second, StartupTimeout: 15 * time.Second,
@@ -471,5 +476,17 @@ func TestSigningKeysShown(t *testing.T) {
 	}
 	if shown := cfg.resolved.Shown["PAYMENT_SIGNING_KEYS"]; shown != "old,new" {
 		t.Errorf("the startup line shows %q, want the names alone", shown)
+	}
+}
+
+// TestKillSwitchSettings: the KILL_SWITCH_* settings reach the worker's kill switch, the rate as a
+// share.
+func TestKillSwitchSettings(t *testing.T) {
+	t.Parallel()
+	cfg := parseConfig(t, map[string]string{"KILL_SWITCH_AFTER": "5", "KILL_SWITCH_RATE": "20"}, "run",
+		"--kill-switch-max-probe-interval=2m")
+	want := inboxworker.KillSwitch{After: 5, Rate: 0.2, MaxProbeInterval: 2 * time.Minute}
+	if got := cfg.killSwitch(); got != want {
+		t.Errorf("kill switch = %+v, want %+v", got, want)
 	}
 }

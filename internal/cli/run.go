@@ -192,6 +192,7 @@ func (w *worker) workerConfig(routes []inboxworker.Route, mechanism sasl.Mechani
 			MaxInterval:     cfg.RetryMaxInterval,
 			MaxElapsed:      cfg.RetryMaxElapsed,
 		},
+		KillSwitch:           cfg.killSwitch(),
 		ParkAfter:            cfg.RetryParkAfter,
 		Ordering:             ordering(cfg.Ordering),
 		MaxInFlight:          cfg.MaxInFlight,
@@ -206,6 +207,12 @@ func (w *worker) workerConfig(routes []inboxworker.Route, mechanism sasl.Mechani
 		TracerProvider:       w.tracer.Provider(),
 		Logger:               w.logger,
 	}
+}
+
+// killSwitch is the kill switch of the KILL_SWITCH_* settings.
+func (c *Config) killSwitch() inboxworker.KillSwitch {
+	return inboxworker.KillSwitch{After: c.KillSwitchAfter, Rate: float64(c.KillSwitchRate) / 100,
+		MaxProbeInterval: c.KillSwitchMaxProbeInterval}
 }
 
 // ordering is ORDERING's value for the worker.
