@@ -24,14 +24,31 @@ import (
 // payment.failed, each with the id derived from its provider transaction, and nothing else; each
 // order's events in order (a failed attempt before the payment), counting each id at its first
 // appearance; an event appears more than once only with the same id. The time from each kill to
-// the next holder taking the lease is logged.
+// the next holder taking the lease is logged. It runs with the workers connected to Postgres
+// directly and through PgBouncer in transaction mode, where a killed worker's transactions end on
+// server connections that go on serving the others.
 func TestOutboxCrash(t *testing.T) {
 	t.Parallel()
+	t.Run("Direct", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.Schema(t)
+		testOutboxCrash(t, db, db.URL)
+	})
+	t.Run("PgBouncer", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.Schema(t)
+		role := db.Role(t)
+		bouncer := pgtest.PgBouncer(t, []string{role})
+		testOutboxCrash(t, db, bouncer.URL(role, "postgres", "default_query_exec_mode=cache_describe"))
+	})
+}
+
+// testOutboxCrash is TestOutboxCrash with the workers reaching db at databaseURL.
+func testOutboxCrash(t *testing.T, db *pgtest.DB, databaseURL string) {
 	const parts, orders = 4, 1000
 	const eventsTopic = "payments.events"
 	cluster := kafkatest.Start(t, parts, topicPayments, topicPayments+".dlq", topicSMS, topicSMS+".dlq",
 		eventsTopic, eventsTopic+".dlq")
-	db := pgtest.Schema(t)
 	ctx := context.Background()
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO orders (order_no, user_id, amount, currency)
 		SELECT 'X-' || i, 'u', 10.00, 'CNY' FROM generate_series(1, $1) AS i`, orders); err != nil {
@@ -58,7 +75,7 @@ func TestOutboxCrash(t *testing.T) {
 		"KAFKA_BROKERS=" + cluster.Addr,
 		"KAFKA_GROUP_ID=outbox-crash",
 		"KAFKA_SESSION_TIMEOUT=1s",
-		"DATABASE_URL=" + db.URL,
+		"DATABASE_URL=" + databaseURL,
 		"HTTP_ADDR=127.0.0.1:0",
 		"TOPIC_PAYMENT_EVENTS=" + eventsTopic,
 		"LOG_LEVEL=info",
@@ -123,6 +140,18 @@ func TestOutboxCrash(t *testing.T) {
 		}
 		return ""
 	})
+	// Each callback applied once: every order paid, a payments row per attempt, no dead letter.
+	var paid, attempts int
+	if err := db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders WHERE status = 'PAID'),
+		(SELECT count(*) FROM payments)`).Scan(&paid, &attempts); err != nil {
+		t.Fatal(err)
+	}
+	if paid != orders || attempts != orders+orders/2 {
+		t.Errorf("%d orders paid and %d payments rows, want %d and %d", paid, attempts, orders, orders+orders/2)
+	}
+	if dl := deadLetters(t, cluster.Addr, topicPayments+".dlq"); len(dl) != 0 {
+		t.Errorf("%d dead letters, want none: %+v", len(dl), dl[0])
+	}
 	t.Logf("failover after each kill of the relay's instance (lease 5s, measured up to the lease's new epoch): %v", failovers)
 
 	// Every event, from the topic, in partition order.
@@ -179,6 +208,13 @@ func TestOutboxCrash(t *testing.T) {
 		for _, l := range w.allLogs() {
 			if l["msg"] == "outbox relay: took the lease; publishing" {
 				epochs[l["epoch"].(float64)]++
+			}
+		}
+		// Nothing in this stream, nor a kill of another worker, makes Postgres refuse a statement.
+		_, lines := w.output()
+		for _, l := range lines {
+			if strings.Contains(l, "SQLSTATE") {
+				t.Errorf("Postgres refused a statement: %s", l)
 			}
 		}
 	}

@@ -16,12 +16,29 @@ import (
 // transaction, and aborts every third transaction, while the worker consuming them is killed
 // (SIGKILL) halfway and another takes over. Every committed callback pays its order once and every
 // committed SMS is recorded and delivered once; an aborted one pays nothing and texts no one; nothing is dead-lettered;
-// the committed offsets reach the partitions' ends, markers included.
+// the committed offsets reach the partitions' ends, markers included. It runs with the worker
+// connected to Postgres directly and through PgBouncer in transaction mode.
 func TestTransactionsThroughKill(t *testing.T) {
 	t.Parallel()
+	t.Run("Direct", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.Schema(t)
+		testTransactionsThroughKill(t, db, db.URL)
+	})
+	t.Run("PgBouncer", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.Schema(t)
+		role := db.Role(t)
+		bouncer := pgtest.PgBouncer(t, []string{role})
+		testTransactionsThroughKill(t, db, bouncer.URL(role, "postgres", "default_query_exec_mode=cache_describe"))
+	})
+}
+
+// testTransactionsThroughKill is TestTransactionsThroughKill with the worker reaching db at
+// databaseURL.
+func testTransactionsThroughKill(t *testing.T, db *pgtest.DB, databaseURL string) {
 	const n = 60
 	cluster := startBroker(t, partitions, topicPayments, topicSMS, topicPayments+".dlq", topicSMS+".dlq")
-	db := pgtest.Schema(t)
 	provider := notifytest.NewProvider(t)
 	ctx := context.Background()
 	for i := range n {
@@ -34,7 +51,7 @@ func TestTransactionsThroughKill(t *testing.T) {
 		"KAFKA_BROKERS=" + cluster.Addr,
 		"KAFKA_GROUP_ID=transactions",
 		"KAFKA_SESSION_TIMEOUT=500ms", // the dead worker's partitions are handed on quickly
-		"DATABASE_URL=" + db.URL,
+		"DATABASE_URL=" + databaseURL,
 		"SMS_PROVIDER_URL=" + provider.URL,
 		"HTTP_ADDR=127.0.0.1:0",
 		"RETRY_INITIAL_INTERVAL=10ms",
