@@ -28,7 +28,10 @@ type config struct {
 	Redeliveries float64
 	Partitions   int
 	DatabaseURL  string
-	Modes        []string
+	// PooledURL, when set, is where the payment modes' worker connects instead: a connection
+	// pooler in transaction mode in front of DatabaseURL's server (see pooledPool).
+	PooledURL string
+	Modes     []string
 	// The worker's settings, for the worker modes (message and batch).
 	BatchSize int
 	BatchWait time.Duration
@@ -86,11 +89,13 @@ func (r result) rate() float64 { return float64(r.Messages) / r.Elapsed.Seconds(
 
 // env is what a mode runs against.
 type env struct {
-	cfg    config
-	addr   string // broker
-	topic  string // holds the stream
-	pool   *pgxpool.Pool
-	stream stream
+	cfg   config
+	addr  string        // broker
+	topic string        // holds the stream
+	pool  *pgxpool.Pool // connects directly: sets the mode up and checks its outcome
+	// workerPool is the worker's: pool, or one through -pooled-url.
+	workerPool *pgxpool.Pool
+	stream     stream
 }
 
 type mode func(ctx context.Context, e *env) (result, error)
@@ -192,6 +197,15 @@ func runMode(ctx context.Context, e *env, name string) (result, error) {
 		if err := e.stream.produce(ctx, e.addr, e.topic); err != nil {
 			return result{}, err
 		}
+	}
+	e.workerPool = e.pool
+	if e.cfg.PooledURL != "" {
+		pool, closePool, err := pooledPool(ctx, admin, e.cfg, schema)
+		if err != nil {
+			return result{}, fmt.Errorf("through -pooled-url: %w", err)
+		}
+		defer closePool()
+		e.workerPool = pool
 	}
 	runtime.GC()
 	if e.cfg.CPUProfile != "" {
@@ -298,4 +312,40 @@ func (r *reservoir) quantile(q float64) time.Duration {
 	s := slices.Clone(r.sample)
 	slices.Sort(s)
 	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// pooledPool opens the worker's pool through cfg.PooledURL, as its user, with that role's
+// search_path set to schema until closePool: a pooler in transaction mode refuses search_path as
+// a startup parameter, so a team behind one sets the schema on the role. The role must exist, and
+// may use schema's tables once the mode has set them up.
+func pooledPool(ctx context.Context, admin *pgx.Conn, cfg config, schema string) (
+	pool *pgxpool.Pool, closePool func(), err error) {
+	poolConfig, err := pgxpool.ParseConfig(cfg.PooledURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	role := pgx.Identifier{poolConfig.ConnConfig.User}.Sanitize()
+	for _, stmt := range []string{
+		"ALTER ROLE " + role + " SET search_path = " + schema,
+		"GRANT USAGE, CREATE ON SCHEMA " + schema + " TO " + role,
+		"GRANT ALL ON ALL TABLES IN SCHEMA " + schema + " TO " + role,
+		"GRANT ALL ON ALL SEQUENCES IN SCHEMA " + schema + " TO " + role,
+	} {
+		if _, err := admin.Exec(ctx, stmt); err != nil {
+			return nil, nil, err
+		}
+	}
+	// A session takes its role's settings when it starts: the pooler's server connections of the
+	// role, opened before, are ended, and it opens new ones.
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`,
+		poolConfig.ConnConfig.User); err != nil {
+		return nil, nil, err
+	}
+	reset := func() { _, _ = admin.Exec(context.WithoutCancel(ctx), "ALTER ROLE "+role+" RESET search_path") }
+	poolConfig.MaxConns = cfg.MaxConns
+	if pool, err = pgxpool.NewWithConfig(ctx, poolConfig); err != nil {
+		reset()
+		return nil, nil, err
+	}
+	return pool, func() { pool.Close(); reset() }, nil
 }

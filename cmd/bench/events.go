@@ -127,7 +127,7 @@ func (p *publication) latencies() *reservoir {
 
 // relay runs the outbox relay of e's schema until the returned stop is called.
 func (p *publication) relay(ctx context.Context, e *env, log *slog.Logger) (stop func(), err error) {
-	r, err := outbox.NewRelay(outbox.RelayConfig{Pool: e.pool, Brokers: []string{e.addr}, Logger: log, Observer: p})
+	r, err := outbox.NewRelay(outbox.RelayConfig{Pool: e.workerPool, Brokers: []string{e.addr}, Logger: log, Observer: p})
 	if err != nil {
 		return nil, err
 	}

@@ -49,6 +49,9 @@ func main() {
 	flag.IntVar(&cfg.Partitions, "partitions", 4, "partitions of the payments topic")
 	flag.StringVar(&cfg.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 		"Postgres to measure against (a schema per mode is created and dropped)")
+	flag.StringVar(&cfg.PooledURL, "pooled-url", "",
+		"payment modes: the worker connects through this URL instead, a connection pooler in transaction mode in front of "+
+			"-database-url's server, as a role the bench sets search_path on (docs/benchmarks.md)")
 	modes := flag.String("modes", "kafka,message,batch,copy", "modes to run, in order")
 	flag.IntVar(&cfg.BatchSize, "batch-size", 256, "the worker's BATCH_SIZE: most messages of a partition per batch")
 	flag.DurationVar(&cfg.BatchWait, "batch-wait", 5*time.Millisecond, "the worker's BATCH_WAIT: how long a batch waits for more messages")

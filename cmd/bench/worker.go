@@ -91,7 +91,7 @@ func paymentsHandler(ctx context.Context, e *env, events bool, log *slog.Logger)
 // by progress.
 func newConsumer(e *env, transactions consumer.Transactions, handler inboxworker.BatchHandler,
 	metrics *consumer.Metrics, progress *progress, log *slog.Logger) (*consumer.Consumer, error) {
-	store, err := inbox.NewStore(e.pool, inbox.Config{Logger: log})
+	store, err := inbox.NewStore(e.workerPool, inbox.Config{Logger: log})
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +107,7 @@ func newConsumer(e *env, transactions consumer.Transactions, handler inboxworker
 		BatchSize:    e.cfg.BatchSize,
 		BatchWait:    e.cfg.BatchWait,
 		Store:        store,
-		DeadLetters:  deadletter.NewStore(e.pool),
+		DeadLetters:  deadletter.NewStore(e.workerPool),
 		Metrics:      metrics,
 		Logger:       log,
 		Observer:     progress,
