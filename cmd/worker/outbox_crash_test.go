@@ -29,18 +29,7 @@ import (
 // server connections that go on serving the others.
 func TestOutboxCrash(t *testing.T) {
 	t.Parallel()
-	t.Run("Direct", func(t *testing.T) {
-		t.Parallel()
-		db := pgtest.Schema(t)
-		testOutboxCrash(t, db, db.URL)
-	})
-	t.Run("PgBouncer", func(t *testing.T) {
-		t.Parallel()
-		db := pgtest.Schema(t)
-		role := db.Role(t)
-		bouncer := pgtest.PgBouncer(t, []string{role})
-		testOutboxCrash(t, db, bouncer.URL(role, "postgres", "default_query_exec_mode=cache_describe"))
-	})
+	directAndPooled(t, testOutboxCrash)
 }
 
 // testOutboxCrash is TestOutboxCrash with the workers reaching db at databaseURL.

@@ -23,6 +23,25 @@ func poolerEnvironment(mode string) func(t *testing.T) *environment {
 	}
 }
 
+// directAndPooled runs test as two parallel subtests on a fresh schema each: Direct, with the
+// worker's DATABASE_URL to Postgres itself, and PgBouncer, through PgBouncer in transaction mode
+// (cache_describe) as a role whose search_path names the schema.
+func directAndPooled(t *testing.T, test func(t *testing.T, db *pgtest.DB, databaseURL string)) {
+	t.Helper()
+	t.Run("Direct", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.Schema(t)
+		test(t, db, db.URL)
+	})
+	t.Run("PgBouncer", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.Schema(t)
+		role := db.Role(t)
+		bouncer := pgtest.PgBouncer(t, []string{role})
+		test(t, db, bouncer.URL(role, "postgres", "default_query_exec_mode=cache_describe"))
+	})
+}
+
 // TestBehindPooler starts the worker through PgBouncer in transaction mode set up the ways a team
 // gets wrong: each ends start-up at once with one line that says what to change, before a table is
 // written; none waits out STARTUP_TIMEOUT.

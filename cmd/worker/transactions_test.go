@@ -20,18 +20,7 @@ import (
 // connected to Postgres directly and through PgBouncer in transaction mode.
 func TestTransactionsThroughKill(t *testing.T) {
 	t.Parallel()
-	t.Run("Direct", func(t *testing.T) {
-		t.Parallel()
-		db := pgtest.Schema(t)
-		testTransactionsThroughKill(t, db, db.URL)
-	})
-	t.Run("PgBouncer", func(t *testing.T) {
-		t.Parallel()
-		db := pgtest.Schema(t)
-		role := db.Role(t)
-		bouncer := pgtest.PgBouncer(t, []string{role})
-		testTransactionsThroughKill(t, db, bouncer.URL(role, "postgres", "default_query_exec_mode=cache_describe"))
-	})
+	directAndPooled(t, testTransactionsThroughKill)
 }
 
 // testTransactionsThroughKill is TestTransactionsThroughKill with the worker reaching db at
