@@ -125,18 +125,22 @@ type KillSwitch struct {
 	MaxProbeInterval time.Duration
 }
 
+// minKeys is how many different keys' failures trip a kill switch at least.
+const minKeys = 3
+
 // circuit returns the consumer's configuration of k, or an error naming its first invalid field.
 func (k KillSwitch) circuit() (consumer.CircuitConfig, error) {
 	switch {
-	case k.After < 0:
-		return consumer.CircuitConfig{}, fmt.Errorf("Config.KillSwitch.After must not be negative, got %d", k.After)
+	case k.After < 0 || k.After > 0 && k.After < minKeys:
+		// Fewer would promise fewer dead letters than the failures of minKeys keys.
+		return consumer.CircuitConfig{}, fmt.Errorf("Config.KillSwitch.After must be at least %d, got %d", minKeys, k.After)
 	case k.Rate < 0 || k.Rate > 1:
 		return consumer.CircuitConfig{}, fmt.Errorf("Config.KillSwitch.Rate must be from 0 to 1, got %g", k.Rate)
 	case k.MaxProbeInterval != 0 && k.MaxProbeInterval < time.Second:
 		return consumer.CircuitConfig{}, fmt.Errorf("Config.KillSwitch.MaxProbeInterval must be at least 1s, got %s", k.MaxProbeInterval)
 	}
-	return consumer.CircuitConfig{ConsecutiveFailures: k.After, MinFailures: k.After, FailureRate: k.Rate,
-		MaxProbeInterval: k.MaxProbeInterval}, nil
+	return consumer.CircuitConfig{ConsecutiveFailures: k.After, MinFailures: k.After, MinKeys: minKeys,
+		FailureRate: k.Rate, MaxProbeInterval: k.MaxProbeInterval}, nil
 }
 
 // Ordering says which messages of a partition run one after another.

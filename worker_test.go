@@ -48,6 +48,7 @@ func TestNewRefuses(t *testing.T) {
 			c.EventTopics = []string{"events", "t12.dead"}
 		}, "Config.EventTopics[1]"},
 		{"KillSwitchNegative", func(c *inboxworker.Config) { c.KillSwitch.After = -1 }, "Config.KillSwitch.After"},
+		{"KillSwitchUnderThreeKeys", func(c *inboxworker.Config) { c.KillSwitch.After = 2 }, "Config.KillSwitch.After"},
 		{"KillSwitchRateOverOne", func(c *inboxworker.Config) { c.KillSwitch.Rate = 1.5 }, "Config.KillSwitch.Rate"},
 		{"KillSwitchProbesTooOften", func(c *inboxworker.Config) { c.KillSwitch.MaxProbeInterval = time.Millisecond },
 			"Config.KillSwitch.MaxProbeInterval"},
