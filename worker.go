@@ -216,25 +216,35 @@ func New(config Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inboxworker: %s", strings.TrimPrefix(err.Error(), "consumer: "))
 	}
-	w := &Worker{consumer: c, store: store}
+	relay, err := newRelay(config, c, logger)
+	if err != nil {
+		return nil, err
+	}
+	return &Worker{consumer: c, store: store, relay: relay}, nil
+}
+
+// newRelay returns the outbox's relay of config.EventTopics, nil without them, or an error naming
+// an event topic that is one of c's dead-letter topics.
+func newRelay(config Config, c *consumer.Consumer, logger *slog.Logger) (*outbox.Relay, error) {
 	for i, topic := range config.EventTopics {
 		if c.IsDeadLetterTopic(topic) {
 			return nil, fmt.Errorf("inboxworker: Config.EventTopics[%d] %q is a route's dead-letter topic", i, topic)
 		}
 	}
-	if len(config.EventTopics) > 0 {
-		var m *outbox.Metrics
-		if config.Registerer != nil {
-			m = outbox.NewMetrics(config.Registerer)
-		}
-		w.relay, err = outbox.NewRelay(outbox.RelayConfig{Pool: config.Pool, Brokers: config.Brokers,
-			SASL: config.SASL, TLS: config.TLS, Topics: config.EventTopics, Retention: config.OutboxRetention,
-			Metrics: m, Logger: logger})
-		if err != nil {
-			return nil, fmt.Errorf("inboxworker: %w", err)
-		}
+	if len(config.EventTopics) == 0 {
+		return nil, nil
 	}
-	return w, nil
+	var m *outbox.Metrics
+	if config.Registerer != nil {
+		m = outbox.NewMetrics(config.Registerer)
+	}
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: config.Pool, Brokers: config.Brokers,
+		SASL: config.SASL, TLS: config.TLS, Topics: config.EventTopics, Retention: config.OutboxRetention,
+		Metrics: m, Logger: logger})
+	if err != nil {
+		return nil, fmt.Errorf("inboxworker: %w", err)
+	}
+	return relay, nil
 }
 
 // Run consumes until ctx is cancelled, purging expired keys meanwhile and, with Config.EventTopics,
