@@ -72,6 +72,10 @@ func TestBehindPooler(t *testing.T) {
 			"worker: migrate up: migrations are pending, and DATABASE_URL reaches Postgres through a connection pooler in transaction mode, which cannot hold their lock: run `worker migrate` with a DATABASE_URL to Postgres itself"},
 		{"MigrationsPendingAtRun", bouncer.URL(newcomer, "postgres", cacheDescribe), []string{"run"},
 			"worker: migrate up: migrations are pending, and DATABASE_URL reaches Postgres through a connection pooler in transaction mode, which cannot hold their lock: run `worker migrate` with a DATABASE_URL to Postgres itself"},
+		// A user missing from PgBouncer's auth_file: its own refusal, which no wait changes.
+		{"UnknownUser", bouncer.URL("no_such_user", "postgres", cacheDescribe), []string{"run"},
+			"worker: DATABASE_URL: Postgres at postgres://no_such_user@" + bouncer.Addr + "/postgres?" + cacheDescribe +
+				`&sslmode=disable refused the connection: "trust" authentication failed (SQLSTATE 08P01): waiting will not fix it`},
 		{"Demo", bouncer.URL("postgres", "postgres", cacheDescribe), []string{"demo"},
 			"worker: DATABASE_URL: Postgres at postgres://postgres@" + bouncer.Addr + "/postgres?" + cacheDescribe + "&sslmode=disable refused the connection: unsupported startup parameter: search_path (SQLSTATE 08P01); behind a connection pooler, set the schema on the role instead"},
 	}

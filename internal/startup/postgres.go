@@ -190,10 +190,14 @@ var hopelessCodes = map[string]bool{
 // (below) and the passing ones ("pgbouncer cannot connect to server") alike.
 const sqlstateProtocolViolation = "08P01"
 
-// poolerRefusal reports whether msg, a PgBouncer error, is one that waiting does not change.
+// poolerRefusal reports whether msg, a PgBouncer error, is one that waiting does not change: a
+// startup parameter it refuses, a database or a user it does not know, an authentication that
+// failed (`"trust" authentication failed` for a user missing from its auth_file, `password
+// authentication failed`).
 func poolerRefusal(msg string) bool {
-	for _, prefix := range []string{"unsupported startup parameter", "no such database", "no such user"} {
-		if strings.HasPrefix(msg, prefix) {
+	for _, lasting := range []string{"unsupported startup parameter", "no such database", "no such user",
+		"authentication failed"} {
+		if strings.Contains(msg, lasting) {
 			return true
 		}
 	}

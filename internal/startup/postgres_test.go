@@ -63,7 +63,8 @@ func TestPgxTracerKeepsSecretsOut(t *testing.T) {
 }
 
 // TestOpenPostgresGivesUpAtOnce checks that an error no wait can fix ends the wait at once, saying
-// what it is: a database that does not exist, a role that does not exist. Such an error comes from a
+// what it is: a database that does not exist, a role that does not exist, a startup parameter
+// Postgres does not know. Such an error comes from a
 // Postgres that answered; calling it unreachable after STARTUP_TIMEOUT sends the operator to the
 // network. The wait is long: a test that waited would be seen to hang, and it logs "waiting for
 // Postgres" after its first failure, which these must not.
@@ -82,6 +83,9 @@ func TestOpenPostgresGivesUpAtOnce(t *testing.T) {
 			`database "no_such_database" does not exist (SQLSTATE 3D000): waiting will not fix it`},
 		{"NoSuchRole", func(u *url.URL) { u.User = url.UserPassword("no_such_role", "db-s3cret") },
 			`role "no_such_role" does not exist (SQLSTATE 28000): waiting will not fix it`},
+		// A query parameter pgx does not know goes to Postgres as a startup parameter.
+		{"UnknownStartupParameter", func(u *url.URL) { u.RawQuery += "&no_such_setting=1" },
+			`unrecognized configuration parameter "no_such_setting" (SQLSTATE 42704): waiting will not fix it`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
