@@ -4,36 +4,27 @@ import (
 	"context"
 	"time"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
-// Reason is a dead-letter reason code: the dlq-reason header of a message dead-lettered. A handler
-// names its own (`unknown_order`, `provider_rejected`) for the failures of its domain.
-type Reason = fault.Reason
-
 // The reasons the worker gives dead letters itself, and the two general ones a handler may give.
 const (
 	// InvalidPayload: the message can never be applied as it is (bad JSON, a missing field).
-	InvalidPayload Reason = fault.InvalidPayload
+	InvalidPayload = inboxtype.InvalidPayload
 	// HandlerError: an error no one classified, or a handler's panic.
-	HandlerError Reason = fault.HandlerError
+	HandlerError = inboxtype.HandlerError
 	// RetriesExhausted: a retryable error outlasted the retry budget.
-	RetriesExhausted Reason = fault.RetriesExhausted
+	RetriesExhausted = inboxtype.RetriesExhausted
 	// MissingIdempotencyKey, InvalidIdempotencyKey: the message has no valid idempotency key.
-	MissingIdempotencyKey Reason = fault.MissingIdempotencyKey
-	InvalidIdempotencyKey Reason = fault.InvalidIdempotencyKey
+	MissingIdempotencyKey = inboxtype.MissingIdempotencyKey
+	InvalidIdempotencyKey = inboxtype.InvalidIdempotencyKey
 	// IdempotencyKeyReused: the key was applied before with another payload.
-	IdempotencyKeyReused Reason = fault.IdempotencyKeyReused
+	IdempotencyKeyReused = inboxtype.IdempotencyKeyReused
 	// CrashLoop: the worker died every time it ran the message.
-	CrashLoop Reason = fault.CrashLoop
+	CrashLoop = inboxtype.CrashLoop
 )
-
-// ErrAlreadyApplied is what a handler returns when its own business keys show the effect happened
-// already under another idempotency key (a payment provider resending one payment under a new
-// event id): the message is a duplicate, and its inbox row commits with whatever else the handler
-// wrote in the transaction (it should write nothing).
-var ErrAlreadyApplied = inbox.ErrAlreadyApplied
 
 // Expired declines a message on purpose as too late to be of use (a verification code the user
 // has stopped waiting for), err saying why. A Handler, a BatchHandler's result or a CallHandler's

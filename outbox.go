@@ -8,14 +8,6 @@ import (
 	"github.com/inboxworker/inboxworker/internal/outbox"
 )
 
-// Event is an event a handler emits, to be published to Kafka once its transaction commits: the
-// transactional outbox. Topic, AggregateType, AggregateID (the Kafka key: the events of one
-// aggregate are published in the order their transactions committed), Type, Cause (what caused
-// it, the same each time it is emitted for that cause) and Payload (JSON) are required. Its id,
-// derived from Type and Cause (EventID), is its Idempotency-Key header, so that a consumer
-// downstream applies it once.
-type Event = outbox.Event
-
 // Emit writes e to the outbox through tx, the transaction of the handler's effect: the event is
 // published if and only if the effect commits, at least once, a resend carrying the same id. The
 // worker's relay (Config.EventTopics) publishes it, or Debezium's outbox event router may: the

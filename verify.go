@@ -5,6 +5,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 )
 
@@ -43,7 +44,7 @@ type Header struct {
 }
 
 // BadSignature is the dead-letter reason of a message its route's Verifier refused.
-const BadSignature Reason = fault.BadSignature
+const BadSignature = inboxtype.BadSignature
 
 // The problems of a message that does not verify, which a Verifier's error wraps.
 var (

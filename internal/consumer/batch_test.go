@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
@@ -54,7 +55,7 @@ func (h *batchSpy) firstBatch() []string {
 // runBatch produces msgs to a one-partition topic, then consumes them with h in PerBatch mode,
 // with a BatchWait long enough for all of them to be fetched as one batch, until every offset is
 // committed.
-func runBatch(t *testing.T, h consumer.Handler, msgs ...kafka.Message) (*env, consumer.Config) {
+func runBatch(t *testing.T, h inboxtype.Handler, msgs ...kafka.Message) (*env, consumer.Config) {
 	t.Helper()
 	e := setup(t, testMode{tx: consumer.PerBatch}, 1)
 	e.kafka.Produce(t, topic, msgs...)

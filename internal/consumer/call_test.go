@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/busiest"
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
@@ -81,7 +82,7 @@ func (h *caller) callsOf(key string) int {
 }
 
 // callConfig is the test configuration with h as the route's handler.
-func (e *env) callConfig(h consumer.CallHandler) consumer.Config {
+func (e *env) callConfig(h inboxtype.CallHandler) consumer.Config {
 	config := e.config(&recorder{})
 	config.Routes[0].Handler, config.Routes[0].Call = nil, h
 	return config

@@ -44,6 +44,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
@@ -117,10 +118,10 @@ type Route struct {
 	Name string
 	// Handler applies the topic's messages in the transaction of their inbox rows. Required unless
 	// Call is set.
-	Handler Handler
+	Handler inboxtype.Handler
 	// Call applies the topic's messages by a call to another service, with no transaction open.
 	// Required unless Handler is set.
-	Call CallHandler
+	Call inboxtype.CallHandler
 	// CallLease is how long the lease on a key lasts while a call of the route is out: the call gets
 	// two thirds of it, and the last third covers a request the other service may still be working
 	// on after the worker gave up. It is also how long a message waits, after the process calling

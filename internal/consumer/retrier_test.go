@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/poll"
 
 	"github.com/jackc/pgx/v5"
@@ -95,9 +96,9 @@ func (e *retrierEnv) retrierOf(owner string, retry Retry, cc CircuitConfig, h an
 	e.t.Helper()
 	route := Route{Topic: parkTopic, Name: "payments", Handler: e.handler}
 	switch h := h.(type) {
-	case CallHandler:
+	case inboxtype.CallHandler:
 		route.Handler, route.Call = nil, h
-	case Handler:
+	case inboxtype.Handler:
 		route.Handler = h
 	}
 	log := testlog.New(e.t).With("retrier", owner)

@@ -5,31 +5,10 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/tracing"
-	"github.com/jackc/pgx/v5"
 )
-
-// Handler applies one message's effect through tx, the transaction that also writes the message's
-// inbox row: both commit, or neither. It is the package inboxworker's Handler, with the inbox's
-// Delivery: that package adapts its handlers to these.
-type Handler interface {
-	Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error
-}
-
-// BatchHandler is a Handler that can also apply several messages of one partition in one
-// transaction (see inboxworker.BatchHandler).
-type BatchHandler interface {
-	Handler
-	HandleBatch(ctx context.Context, tx pgx.Tx, ds []inbox.Delivery) []error
-}
-
-// CallHandler applies messages whose effect is a call to another service, in the three steps of
-// inbox.Store.ProcessCall (see inboxworker.CallHandler).
-type CallHandler interface {
-	Check(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error
-	Call(ctx context.Context, d inbox.Delivery) (inbox.Effect, error)
-}
 
 // route is a Route as the consumer runs it, shared by its partitions: its handler by kind, its
 // gate (gate.go) and its retry policy (policy.go).
@@ -37,7 +16,7 @@ type route struct {
 	Route
 	// batcher is Handler as a BatchHandler when the route applies batches in one transaction
 	// (Config.Transactions PerBatch), else nil.
-	batcher BatchHandler
+	batcher inboxtype.BatchHandler
 
 	gate   *gate
 	policy policy
@@ -58,7 +37,7 @@ func newRoute(r Route, config *Config, log *slog.Logger) (*route, error) {
 		policy: policy{retry: config.Retry, parkAfter: config.ParkAfter, parks: config.Ordering == ByKey,
 			jitter: backoffJitter},
 	}
-	if b, ok := r.Handler.(BatchHandler); ok && config.Transactions == PerBatch {
+	if b, ok := r.Handler.(inboxtype.BatchHandler); ok && config.Transactions == PerBatch {
 		rt.batcher = b
 	}
 	cc := config.Circuit

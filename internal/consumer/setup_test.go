@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/poll"
 
 	"github.com/jackc/pgx/v5"
@@ -160,7 +161,7 @@ func (h *recorder) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) erro
 }
 
 // config returns a consumer configuration with the fast timings of the tests.
-func (e *env) config(h consumer.Handler) consumer.Config {
+func (e *env) config(h inboxtype.Handler) consumer.Config {
 	store, err := inbox.NewStore(e.db.Pool, inbox.Config{Logger: e.log})
 	if err != nil {
 		e.t.Fatal(err)
@@ -168,7 +169,7 @@ func (e *env) config(h consumer.Handler) consumer.Config {
 	return testConfig(e.kafka.Addr, e.db.Pool, store, h, e.mode, e.log)
 }
 
-func testConfig(broker string, pool *pgxpool.Pool, store *inbox.Store, h consumer.Handler,
+func testConfig(broker string, pool *pgxpool.Pool, store *inbox.Store, h inboxtype.Handler,
 	mode testMode, log *slog.Logger) consumer.Config {
 	return consumer.Config{
 		Brokers: []string{broker},

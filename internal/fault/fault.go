@@ -13,22 +13,24 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/inboxworker/inboxworker/inboxtype"
 )
 
 // Reason is a dead-letter reason code, sent as a dead letter's reason header (package deadletter).
-type Reason string
+type Reason = inboxtype.Reason
 
 // The reason codes the worker gives itself, and the general ones a handler may give; a handler
 // names the reasons of its own domain (payment's unknown_order, notify's provider_rejected).
 const (
-	MissingIdempotencyKey Reason = "missing_idempotency_key"
-	InvalidIdempotencyKey Reason = "invalid_idempotency_key"
-	IdempotencyKeyReused  Reason = "idempotency_key_reused"
-	InvalidPayload        Reason = "invalid_payload"
-	RetriesExhausted      Reason = "retries_exhausted"
-	CrashLoop             Reason = "crash_loop"
+	MissingIdempotencyKey = inboxtype.MissingIdempotencyKey
+	InvalidIdempotencyKey = inboxtype.InvalidIdempotencyKey
+	IdempotencyKeyReused  = inboxtype.IdempotencyKeyReused
+	InvalidPayload        = inboxtype.InvalidPayload
+	RetriesExhausted      = inboxtype.RetriesExhausted
+	CrashLoop             = inboxtype.CrashLoop
 	// HandlerError is the reason for an error no one classified, and for a handler's panic.
-	HandlerError Reason = "handler_error"
+	HandlerError = inboxtype.HandlerError
 )
 
 // Kind says what to do with a failed message.

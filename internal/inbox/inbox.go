@@ -38,6 +38,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxworker/inboxworker/inboxtype"
 )
 
 // Outcome is what Process did with a message.
@@ -64,7 +66,7 @@ const (
 // transaction under a new event id). Process then commits the inbox row, writing nothing else the
 // effect did not write, and reports Duplicate. The transaction must still be usable: after a
 // failed statement the commit fails, and Process returns that error instead.
-var ErrAlreadyApplied = errors.New("inbox: effect already applied under another key")
+var ErrAlreadyApplied = inboxtype.ErrAlreadyApplied
 
 // Declined reports whether o is an outcome of Decline: Expired or Suppressed.
 func (o Outcome) Declined() bool { return o == Expired || o == Suppressed }
@@ -128,7 +130,7 @@ func Fingerprint(value []byte) [sha256.Size]byte { return sha256.Sum256(value) }
 
 // Effect is a message's side effect. It runs inside the inbox transaction and must do all of its
 // database work through tx. An error rolls back everything, the claim included.
-type Effect func(ctx context.Context, tx pgx.Tx) error
+type Effect = inboxtype.Completion
 
 // Config configures a Store.
 type Config struct {
@@ -312,23 +314,8 @@ func WithTx(ctx context.Context, db interface {
 // context: long enough for a healthy server, short enough not to hang on a dead one.
 const rollbackTimeout = 5 * time.Second
 
-// Delivery is what a handler sees of one message (package inboxworker's Delivery).
-type Delivery struct {
-	// Key is the message's idempotency key.
-	Key string
-	// Value is the message value, as received.
-	Value []byte
-	// Attempt counts the attempts at the message, this one included, from 1: each run of its
-	// handler counts, in place, in a batch or once parked; a call's lease carries the count of its
-	// calls across processes.
-	Attempt int
-	// Produced is when the message was produced: its record's timestamp (CreateTime, unless the
-	// topic is set to LogAppendTime), for a handler that drops what is too old to be of use.
-	Produced time.Time
-	// VerifiedBy is the name of the key that verified the message, when its route verifies
-	// messages (inboxworker.Route.Verify); "" otherwise.
-	VerifiedBy string
-}
+// Delivery is what a handler sees of one message.
+type Delivery = inboxtype.Delivery
 
 // Ping checks that the database answers. An error is classified (see Classify): unavailable when
 // the database cannot be reached.

@@ -48,30 +48,12 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/inboxworker/inboxworker/internal/inbox"
+
+	"github.com/inboxworker/inboxworker/inboxtype"
 )
 
 // Event is one event to publish.
-type Event struct {
-	// Topic is the Kafka topic it is published to. Required.
-	Topic string
-	// AggregateType names the kind of thing the event is about ("order"). Required.
-	AggregateType string
-	// AggregateID names the thing ("A-1001"); it is the Kafka message key. The events of one
-	// aggregate are published in the order their transactions committed. Required.
-	AggregateID string
-	// Type says what happened ("order.paid"). Required.
-	Type string
-	// Cause identifies what caused the event, unambiguously and the same every time it is emitted
-	// for that cause (a payment provider's transaction: provider and transaction id). The event's
-	// id is derived from Type and Cause (see EventID). Required.
-	Cause string
-	// Payload is the Kafka message value, encoded with encoding/json (a json.RawMessage or []byte
-	// is taken as it is, and must be valid JSON), at most MaxPayloadBytes. Required.
-	Payload any
-}
-
-// ID returns the event's id: EventID(e.Type, e.Cause).
-func (e Event) ID() string { return EventID(e.Type, e.Cause) }
+type Event = inboxtype.Event
 
 // MaxPayloadBytes bounds an event's encoded payload, well under Kafka's default limit of a message
 // (1 MiB), which the relay must never meet: a message Kafka refuses would hold back its aggregate's
@@ -179,7 +161,7 @@ func newRows(events []Event, trace *string) (*rows, error) {
 		aggregateIDs: make([]string, n), types: make([]string, n), payloads: make([]string, n),
 		traces: make([]*string, n)}
 	for i, e := range events {
-		payload, err := e.check()
+		payload, err := checkEvent(e)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: event %d of %d: %w", i+1, n, err)
 		}
@@ -207,8 +189,8 @@ func (r *rows) aggregates() aggregates {
 	return a
 }
 
-// check validates e and returns its encoded payload.
-func (e Event) check() ([]byte, error) {
+// checkEvent validates e and returns its encoded payload.
+func checkEvent(e Event) ([]byte, error) {
 	for _, f := range []struct{ name, value string }{
 		{"Topic", e.Topic}, {"AggregateType", e.AggregateType}, {"AggregateID", e.AggregateID},
 		{"Type", e.Type}, {"Cause", e.Cause},

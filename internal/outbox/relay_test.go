@@ -107,7 +107,7 @@ func TestCommitOrder(t *testing.T) {
 					if err := outbox.Emit(ctx, tx, ev); err != nil {
 						return err
 					}
-					if err := tx.QueryRow(ctx, `SELECT position FROM outbox WHERE id = $1`, ev.ID()).Scan(&position); err != nil {
+					if err := tx.QueryRow(ctx, `SELECT position FROM outbox WHERE id = $1`, eventID(ev)).Scan(&position); err != nil {
 						return err
 					}
 					time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
@@ -117,7 +117,7 @@ func TestCommitOrder(t *testing.T) {
 					// The order's lock is held until the commit: no other transaction of the
 					// order can draw a position before this one is recorded here.
 					mu.Lock()
-					committed[orderNo] = append(committed[orderNo], ev.ID())
+					committed[orderNo] = append(committed[orderNo], eventID(ev))
 					if position <= last[orderNo] {
 						t.Errorf("order %s: commit %d at position %d, after one at %d", orderNo,
 							len(committed[orderNo]), position, last[orderNo])

@@ -79,6 +79,9 @@ func orderEvent(orderNo string, n int) outbox.Event {
 		Cause: cause, Payload: map[string]any{"order_no": orderNo, "n": n}}
 }
 
+// eventID is e's id.
+func eventID(e outbox.Event) string { return outbox.EventID(e.Type, e.Cause) }
+
 // emit emits events in one transaction of the inbox's, committed.
 func (e *env) emit(pool *pgxpool.Pool, events ...outbox.Event) {
 	e.t.Helper()
