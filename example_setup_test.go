@@ -2,14 +2,18 @@ package inboxworker_test
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"log"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
 
@@ -32,7 +36,8 @@ func setupExample() *exampleEnv {
 	}
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1),
 		kfake.SeedTopics(1, "shipments", "shipments.dlq", "notices", "notices.dlq", "reminders", "reminders.dlq",
-			"returns", "returns.dlq", "return.events"))
+			"returns", "returns.dlq", "return.events", "parcels", "parcels.dlq", "quotes", "quotes.dlq",
+			"refunds", "refunds.dlq", "texts", "texts.dlq", "invoices", "invoices.dlq"))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -49,6 +54,17 @@ func (e *exampleEnv) close() {
 // produce writes a message of key and value to topic.
 func (e *exampleEnv) produce(topic, key, value string) { e.produceAt(topic, key, value, time.Time{}) }
 
+// produceWith writes a message of value and one header, without a Kafka key, to topic.
+func (e *exampleEnv) produceWith(topic, value, header, headerValue string) {
+	w := &kafka.Writer{Addr: kafka.TCP(e.brokers...), Topic: topic, RequiredAcks: kafka.RequireAll,
+		BatchTimeout: time.Millisecond, Transport: e.transport}
+	defer w.Close()
+	m := kafka.Message{Value: []byte(value), Headers: []kafka.Header{{Key: header, Value: []byte(headerValue)}}}
+	if err := w.WriteMessages(context.Background(), m); err != nil {
+		log.Fatal(err)
+	}
+}
+
 // produceAt writes a message of key and value to topic, produced at (its record's timestamp; now
 // when zero).
 func (e *exampleEnv) produceAt(topic, key, value string, at time.Time) {
@@ -58,6 +74,75 @@ func (e *exampleEnv) produceAt(topic, key, value string, at time.Time) {
 	if err := w.WriteMessages(context.Background(), kafka.Message{Key: []byte(key), Value: []byte(value), Time: at}); err != nil {
 		log.Fatal(err)
 	}
+}
+
+// migrate creates the worker's tables and the example's own (ddl).
+func (e *exampleEnv) migrate(ddl string) {
+	ctx := context.Background()
+	if err := inboxworker.Migrate(ctx, e.pool); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, ddl); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// rows returns the text of the rows of query, one string each.
+func (e *exampleEnv) rows(query string) []string {
+	rows, _ := e.pool.Query(context.Background(), query)
+	texts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		log.Fatal(err)
+	}
+	return texts
+}
+
+// run runs a worker of config (its Brokers and Pool the example's) until it has committed n offsets
+// of its first route's topic, then stops it.
+func (e *exampleEnv) run(config inboxworker.Config, n int64) {
+	config.Brokers, config.Pool = e.brokers, e.pool
+	w, err := inboxworker.New(config)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	e.waitCommitted(config.Routes[0].Topic, n)
+	stop()
+	if err := <-done; err != nil {
+		log.Fatal(err)
+	}
+}
+
+// deadLetters returns the first n dead letters of topic's partition 0, each as its Kafka key, its
+// dlq-reason and its dlq-error.
+func (e *exampleEnv) deadLetters(topic string, n int) []string {
+	client := &kafka.Client{Addr: kafka.TCP(e.brokers...), Transport: e.transport}
+	var letters []string
+	for deadline := time.Now().Add(time.Minute); len(letters) < n; {
+		if time.Now().After(deadline) {
+			log.Fatalf("%d dead letters of %s within a minute, want %d", len(letters), topic, n)
+		}
+		resp, err := client.Fetch(context.Background(), &kafka.FetchRequest{Topic: topic, Partition: 0,
+			Offset: int64(len(letters)), MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond})
+		if err != nil || resp.Error != nil {
+			continue
+		}
+		for r, err := resp.Records.ReadRecord(); err == nil; r, err = resp.Records.ReadRecord() {
+			header := func(name string) string {
+				for _, h := range r.Headers {
+					if h.Key == name {
+						return string(h.Value)
+					}
+				}
+				return ""
+			}
+			key, _ := io.ReadAll(r.Key)
+			letters = append(letters, fmt.Sprintf("%s %s: %s", key, header("dlq-reason"), header("dlq-error")))
+		}
+	}
+	return letters[:n]
 }
 
 // waitCommitted waits until the worker's group has committed n offsets of topic's partition: every

@@ -1,9 +1,13 @@
 package inboxworker
 
 import (
+	"errors"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
 	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/fault"
 )
 
 // Route binds a Kafka topic to what applies its messages: a Handler, whose effect commits in the
@@ -23,15 +27,30 @@ type Route struct {
 	// Call applies the route's messages by a call to another service, with no transaction open.
 	Call CallHandler
 	// Verify, when set, checks each message of the route before anything of it is recorded: one
-	// it refuses is dead-lettered BadSignature. Nil: messages are not verified.
+	// it refuses is dead-lettered BadSignature, and so is one it panics on. Nil: messages are not
+	// verified.
 	Verify Verifier
+	// Key finds a message's idempotency key (Delivery.Key), after Verify, or returns why it has
+	// none: the message is then dead-lettered with the Reason Permanent gave the error, or
+	// MissingIdempotencyKey. A key must be 1 to 255 characters a person can read and tell apart
+	// (valid UTF-8; no control or format characters; no white space but the ASCII space, and that
+	// not at either end); a message whose key is not one is dead-lettered InvalidIdempotencyKey,
+	// and one Key panics on HandlerError. Its verdict must depend on the message alone. Defaults
+	// to DefaultKey, the worker's contract: a topic whose producers put the key elsewhere (its own
+	// header, a field of its own) names it here, and may fall back on DefaultKey.
+	Key func(m Received) (string, error)
 	// CallLease is how long the lease on a key lasts while a call is out: the call gets two thirds
 	// of it, and the last third covers a request the other service may still be working on after
 	// the worker gave up; it is also how long a message waits, after the process calling for it
-	// died, before it is called again. Call routes only; set it above the
-	// call's own timeout by half again or more. Under 45s: the call must end within an attempt's
-	// 30s. Defaults to 15s.
+	// died, before it is called again. Call routes only; set it above the call's own timeout by
+	// half again or more, and its two thirds under Timeout: the call must end within its attempt.
+	// Defaults to 15s, or Timeout if that is less.
 	CallLease time.Duration
+	// Timeout bounds one attempt at a message of the route, or at a batch in one transaction: its
+	// transaction and its handler; for a call route, its lease, its call and its completion. An
+	// attempt that runs out of time is rolled back and retried. Defaults to 30s; else from 100ms
+	// to 1h.
+	Timeout time.Duration
 	// Concurrency is the most handler runs of the route at once, across its partitions (a batch
 	// counts once; a call out counts until it ends): a database route's transactions each hold a
 	// connection of the pool, a call route's calls load the other service. Defaults to 4.
@@ -54,8 +73,8 @@ const DefaultRetention = 337 * time.Hour
 
 // consumerRoute is r as the consumer runs it.
 func (r Route) consumerRoute() consumer.Route {
-	cr := consumer.Route{Topic: r.Topic, Name: r.Name, CallLease: r.CallLease, Concurrency: r.Concurrency,
-		RateLimit: r.RateLimit}
+	cr := consumer.Route{Topic: r.Topic, Name: r.Name, CallLease: r.CallLease, Timeout: r.Timeout,
+		Concurrency: r.Concurrency, RateLimit: r.RateLimit}
 	if r.Handler != nil {
 		cr.Handler = r.Handler
 	}
@@ -65,5 +84,40 @@ func (r Route) consumerRoute() consumer.Route {
 	if r.Verify != nil {
 		cr.Verify = verifyFunc(r.Verify)
 	}
+	if r.Key != nil {
+		cr.IdempotencyKey = keyFunc(r.Key)
+	}
 	return cr
+}
+
+// DefaultKey returns m's idempotency key by the rule of the worker's contract, Route.Key's
+// default: the header Idempotency-Key, else the header X-Idempotent-Key, else the header
+// webhook-id (a signed callback's id, which its provider keeps when it sends the callback again),
+// else the string member named exactly event_id of the JSON object in m.Value. Header names match
+// in any case; the first source present decides, and an empty header counts as absent; a source
+// given twice must give one key. When there is no valid key, its error carries the reason to
+// dead-letter with (see Permanent): InvalidPayload for an empty value (a tombstone) or, with no key
+// header, a value that is not JSON; MissingIdempotencyKey; InvalidIdempotencyKey.
+func DefaultKey(m Received) (string, error) {
+	key, reason, err := consumer.IdempotencyKey(m.message())
+	if err != nil {
+		return "", fault.Permanent(reason, err)
+	}
+	return key, nil
+}
+
+// keyFunc is key as the consumer calls it, on a Kafka message: the key checked, the reason of an
+// error found, a panic an error.
+func keyFunc(key func(Received) (string, error)) func(kafka.Message) (string, fault.Reason, error) {
+	return func(m kafka.Message) (string, fault.Reason, error) {
+		k, err := unpanic("Route.Key", func() (string, error) { return key(received(m)) })
+		if err != nil {
+			reason := fault.MissingIdempotencyKey
+			if fe, ok := errors.AsType[*fault.Error](err); ok && fe.Kind == fault.KindPermanent && fe.Reason != "" {
+				reason = fe.Reason
+			}
+			return "", reason, err
+		}
+		return consumer.CheckKey(k, "Route.Key")
+	}
 }

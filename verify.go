@@ -1,6 +1,8 @@
 package inboxworker
 
 import (
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -59,13 +61,41 @@ var (
 	ErrNoKeyMatched = fault.ErrNoKeyMatched
 )
 
-// verifyFunc is v as the consumer calls it, on a Kafka message.
+// verifyFunc is v as the consumer calls it, on a Kafka message, a panic an error.
 func verifyFunc(v Verifier) func(kafka.Message) (string, error) {
 	return func(m kafka.Message) (string, error) {
-		headers := make([]Header, len(m.Headers))
-		for i, h := range m.Headers {
-			headers[i] = Header(h)
-		}
-		return v.Verify(Received{Value: m.Value, Headers: headers, Produced: m.Time})
+		return unpanic("Verifier", func() (string, error) { return v.Verify(received(m)) })
 	}
+}
+
+// received is m as a Verifier and a Route.Key see it.
+func received(m kafka.Message) Received {
+	headers := make([]Header, len(m.Headers))
+	for i, h := range m.Headers {
+		headers[i] = Header(h)
+	}
+	return Received{Value: m.Value, Headers: headers, Produced: m.Time}
+}
+
+// message is r as a Kafka message.
+func (r Received) message() kafka.Message {
+	headers := make([]kafka.Header, len(r.Headers))
+	for i, h := range r.Headers {
+		headers[i] = kafka.Header(h)
+	}
+	return kafka.Message{Value: r.Value, Headers: headers, Time: r.Produced}
+}
+
+// errPanic is the error of a team's function that panicked on a message.
+var errPanic = errors.New("panicked")
+
+// unpanic returns f(), or an error wrapping errPanic when f panics: a team's function that panics
+// on a message dead-letters the message, and the worker goes on.
+func unpanic(what string, f func() (string, error)) (s string, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			s, err = "", fault.Permanent(fault.HandlerError, fmt.Errorf("%s %w: %v", what, errPanic, v))
+		}
+	}()
+	return f()
 }

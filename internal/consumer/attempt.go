@@ -16,7 +16,7 @@ import (
 
 // An attempt is one run of a route's handler, on one message, on a batch of a partition's messages
 // in one transaction, or on a parked message. run is the only place that builds a Delivery, bounds
-// an attempt's time (Config.AttemptTimeout), dispatches to the handler's kind and recovers its
+// an attempt's time (Route.Timeout), dispatches to the handler's kind and recovers its
 // panic; everything that runs a handler goes through it, and what happens next is decide's
 // (policy.go).
 type attempt struct {
@@ -77,9 +77,9 @@ func (r result) one(i int) result {
 	return one
 }
 
-// run makes the attempt a under a context of its own, bounded by AttemptTimeout.
+// run makes the attempt a under a context of its own, bounded by the route's Timeout.
 func (rt *route) run(work context.Context, a attempt) result {
-	ctx, cancel := context.WithTimeout(work, rt.attemptTimeout)
+	ctx, cancel := context.WithTimeout(work, rt.Timeout)
 	defer cancel()
 	began, pausedBefore := time.Now(), rt.gate.paused()
 	r := result{failed: -1, ran: make([]int, len(a.units))}

@@ -126,9 +126,13 @@ type Route struct {
 	// two thirds of it, and the last third covers a request the other service may still be working
 	// on after the worker gave up. It is also how long a message waits, after the process calling
 	// for it died, before it is called again. Call routes only; set it above the
-	// call's own timeout by half again or more. Its two thirds must be less than AttemptTimeout:
-	// the call must end within its attempt. Defaults to 15s, or AttemptTimeout if that is less.
+	// call's own timeout by half again or more. Its two thirds must be less than Timeout: the call
+	// must end within its attempt. Defaults to DefaultCallLease, or Timeout if that is less.
 	CallLease time.Duration
+	// Timeout bounds one attempt at a message of the route, or at a batch in one transaction: its
+	// transaction and its handler; a call route's lease, call and completion. An attempt that runs
+	// out of time is retried. Defaults to DefaultTimeout; else from MinTimeout to MaxTimeout.
+	Timeout time.Duration
 	// IdempotencyKey takes a message's idempotency key, or says why it has none (the reason its dead
 	// letter gets). Defaults to IdempotencyKey, the contract's rule: the Idempotency-Key header, else
 	// X-Idempotent-Key, else webhook-id, else the JSON member event_id.
@@ -158,6 +162,13 @@ const (
 
 // DefaultCallLease is Route.CallLease's default.
 const DefaultCallLease = 15 * time.Second
+
+// Route.Timeout's default and bounds.
+const (
+	DefaultTimeout = 30 * time.Second
+	MinTimeout     = 100 * time.Millisecond
+	MaxTimeout     = time.Hour
+)
 
 // Retry configures the backoff for retryable errors.
 type Retry struct {
@@ -190,9 +201,6 @@ type Config struct {
 	DLQSuffix string
 	// Retry configures retries of retryable errors.
 	Retry Retry
-	// AttemptTimeout bounds one attempt at a message, or at a batch in one transaction: its
-	// transaction and its handler. An attempt that runs out of time is retried. Defaults to 30s.
-	AttemptTimeout time.Duration
 	// Ordering says which messages of a partition run one after another: those of one key (ByKey,
 	// the default) or all of them (ByPartition).
 	Ordering Ordering
@@ -214,8 +222,8 @@ type Config struct {
 	// is applied or its budget runs out. Defaults to 5s.
 	ParkAfter time.Duration
 	// ParkLease is how long a hold on a parked message lasts, so that one owner at a time retries
-	// it; the hold of an owner that died lapses after it. It must outlast an attempt. Defaults to
-	// twice AttemptTimeout.
+	// it; the hold of an owner that died lapses after it. It must outlast an attempt of every
+	// route (Route.Timeout). Defaults to twice the longest.
 	ParkLease time.Duration
 	// Circuit configures the outage circuit of each route, which pauses the route while its failures
 	// look like an outage of its dependency (see CircuitConfig); the zero value takes its defaults.
@@ -313,9 +321,7 @@ func New(config Config) (*Consumer, error) {
 	config.Retry.InitialInterval = cmp.Or(config.Retry.InitialInterval, 200*time.Millisecond)
 	config.Retry.MaxInterval = cmp.Or(config.Retry.MaxInterval, 30*time.Second)
 	config.Retry.MaxElapsed = cmp.Or(config.Retry.MaxElapsed, 5*time.Minute)
-	config.AttemptTimeout = cmp.Or(config.AttemptTimeout, 30*time.Second)
 	config.ParkAfter = cmp.Or(config.ParkAfter, 5*time.Second)
-	config.ParkLease = cmp.Or(config.ParkLease, 2*config.AttemptTimeout)
 	config.MaxInFlight = cmp.Or(config.MaxInFlight, 256)
 	config.BatchSize = cmp.Or(config.BatchSize, 256)
 	config.BatchWait = cmp.Or(config.BatchWait, 5*time.Millisecond)
@@ -325,12 +331,17 @@ func New(config Config) (*Consumer, error) {
 	config.ParkStatsInterval = cmp.Or(config.ParkStatsInterval, 5*time.Second)
 	config.Logger = cmp.Or(config.Logger, slog.Default())
 	config.Routes = append([]Route(nil), config.Routes...) // the caller's slice may change later
+	var longest time.Duration
 	for i := range config.Routes {
-		config.Routes[i].Concurrency = cmp.Or(config.Routes[i].Concurrency, defaultConcurrency)
-		if config.Routes[i].Call != nil {
-			config.Routes[i].CallLease = cmp.Or(config.Routes[i].CallLease, min(DefaultCallLease, config.AttemptTimeout))
+		r := &config.Routes[i]
+		r.Concurrency = cmp.Or(r.Concurrency, defaultConcurrency)
+		r.Timeout = cmp.Or(r.Timeout, DefaultTimeout)
+		if r.Call != nil {
+			r.CallLease = cmp.Or(r.CallLease, min(DefaultCallLease, r.Timeout))
 		}
+		longest = max(longest, r.Timeout)
 	}
+	config.ParkLease = cmp.Or(config.ParkLease, 2*longest)
 	if err := config.validate(); err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
@@ -411,9 +422,8 @@ func (config *Config) validateRoutes() error {
 		if err := r.validate(); err != nil {
 			return fmt.Errorf("Config.Routes[%d]%w", i, err)
 		}
-		if r.Call != nil && r.CallLease*2/3 >= config.AttemptTimeout {
-			return fmt.Errorf("Config.Routes[%d].CallLease %s gives its call %s, no less than AttemptTimeout %s: the attempt would end the call first",
-				i, r.CallLease, r.CallLease*2/3, config.AttemptTimeout)
+		if config.ParkLease <= r.Timeout {
+			return fmt.Errorf("Config.ParkLease (%s) must be longer than Routes[%d].Timeout (%s)", config.ParkLease, i, r.Timeout)
 		}
 		if err := startup.CheckTopicName(r.Topic + config.DLQSuffix); err != nil {
 			return fmt.Errorf("Config.Routes[%d].Topic: its dead-letter topic: %w", i, err)
@@ -466,6 +476,11 @@ func (r Route) validate() error {
 		return fmt.Errorf(".CallLease is for call routes; got %s on a Handler route", r.CallLease)
 	case r.Call != nil && r.CallLease < 3*time.Millisecond:
 		return fmt.Errorf(".CallLease must be at least 3ms, got %s", r.CallLease)
+	case r.Timeout < MinTimeout || r.Timeout > MaxTimeout:
+		return fmt.Errorf(".Timeout must be from %s to %s, got %s", MinTimeout, MaxTimeout, r.Timeout)
+	case r.Call != nil && r.CallLease*2/3 >= r.Timeout:
+		return fmt.Errorf(".CallLease %s gives its call %s, no less than Timeout %s: the attempt would end the call first",
+			r.CallLease, r.CallLease*2/3, r.Timeout)
 	}
 	return nil
 }
@@ -481,7 +496,6 @@ func (config *Config) validateDurations() error {
 		{"Retry.InitialInterval", config.Retry.InitialInterval},
 		{"Retry.MaxInterval", config.Retry.MaxInterval},
 		{"Retry.MaxElapsed", config.Retry.MaxElapsed},
-		{"AttemptTimeout", config.AttemptTimeout},
 		{"ParkAfter", config.ParkAfter},
 		{"BatchWait", config.BatchWait},
 		{"ShutdownTimeout", config.ShutdownTimeout},
@@ -500,9 +514,6 @@ func (config *Config) validateDurations() error {
 	case config.Retry.MaxInterval < config.Retry.InitialInterval:
 		return fmt.Errorf("Config.Retry.MaxInterval (%s) must not be less than Retry.InitialInterval (%s)",
 			config.Retry.MaxInterval, config.Retry.InitialInterval)
-	case config.ParkLease <= config.AttemptTimeout:
-		return fmt.Errorf("Config.ParkLease (%s) must be longer than AttemptTimeout (%s)",
-			config.ParkLease, config.AttemptTimeout)
 	}
 	return nil
 }

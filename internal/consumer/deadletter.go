@@ -97,7 +97,7 @@ func (p *partition) storeDeadLetter(ctx context.Context, dlq kafka.Message, lett
 	}
 	var id int64
 	for waits := 1; ; waits++ {
-		save, cancel := context.WithTimeout(ctx, p.c.config.AttemptTimeout)
+		save, cancel := context.WithTimeout(ctx, p.route.Timeout)
 		var err error
 		id, err = p.c.deadLetters.Save(save, stored)
 		cancel()

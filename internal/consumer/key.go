@@ -57,7 +57,7 @@ func IdempotencyKey(m kafka.Message) (string, fault.Reason, error) {
 			return "", fault.InvalidIdempotencyKey, err
 		}
 		if key != "" {
-			return checkKey(key, "header "+name)
+			return CheckKey(key, "header "+name)
 		}
 	}
 	values, err := eventIDs(m.Value)
@@ -112,7 +112,7 @@ func fieldKey(raw []byte) (string, fault.Reason, error) {
 	if err != nil {
 		return "", fault.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key: JSON field %s is not a string", keyField)
 	}
-	return checkKey(key, "JSON field "+keyField)
+	return CheckKey(key, "JSON field "+keyField)
 }
 
 // eventIDs returns the raw values of every top-level member of the JSON object value whose name is
@@ -201,7 +201,9 @@ func hex4(raw []byte, i int) (rune, bool) {
 	return r, true
 }
 
-func checkKey(key, source string) (string, fault.Reason, error) {
+// CheckKey returns key if it is a valid idempotency key (see IdempotencyKey), else
+// InvalidIdempotencyKey and why not, naming source, where key was found.
+func CheckKey(key, source string) (string, fault.Reason, error) {
 	invalid := func(why string) (string, fault.Reason, error) {
 		return "", fault.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key in %s: %s", source, why)
 	}

@@ -53,10 +53,12 @@ func failUntil(key string, exists *atomic.Bool) func(inbox.Delivery) error {
 func isLate(key string) bool { return strings.HasPrefix(key, "late") }
 
 // parkSoon makes config park a message after 20ms of retries in place, with a lease that lapses
-// within seconds of a worker's death.
+// within seconds of a worker's death (its routes' attempts bounded by 2s).
 func parkSoon(config *consumer.Config) {
 	config.ParkAfter = 20 * time.Millisecond
-	config.AttemptTimeout = 2 * time.Second
+	for i := range config.Routes {
+		config.Routes[i].Timeout = 2 * time.Second
+	}
 	config.ParkLease = 3 * time.Second
 }
 

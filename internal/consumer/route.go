@@ -21,19 +21,18 @@ type route struct {
 	gate   *gate
 	policy policy
 
-	store          *inbox.Store
-	tracer         *tracing.Tracer
-	attemptTimeout time.Duration
-	log            *slog.Logger
+	store  *inbox.Store
+	tracer *tracing.Tracer
+	log    *slog.Logger
 }
 
 func newRoute(r Route, config *Config, log *slog.Logger) (*route, error) {
 	rt := &route{
-		Route:          r,
-		store:          config.Store,
-		tracer:         config.Tracer,
-		attemptTimeout: config.AttemptTimeout,
-		log:            log.With("topic", r.Topic),
+		Route:  r,
+		store:  config.Store,
+		tracer: config.Tracer,
+
+		log: log.With("topic", r.Topic),
 		policy: policy{retry: config.Retry, parkAfter: config.ParkAfter, parks: config.Ordering == ByKey,
 			jitter: backoffJitter},
 	}
