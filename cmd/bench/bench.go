@@ -184,19 +184,8 @@ func runMode(ctx context.Context, e *env, name string) (result, error) {
 	if _, err := migrations.Up(ctx, e.pool, nil); err != nil {
 		return result{}, err
 	}
-	switch {
-	case ownStream[name]: // the mode produces its own
-	case name == "sms":
-		if err := produceSMS(ctx, e.cfg, e.addr, e.topic); err != nil {
-			return result{}, err
-		}
-	default:
-		if err := e.stream.createOrders(ctx, e.pool); err != nil {
-			return result{}, fmt.Errorf("create orders: %w", err)
-		}
-		if err := e.stream.produce(ctx, e.addr, e.topic); err != nil {
-			return result{}, err
-		}
+	if err := e.produceStream(ctx, name); err != nil {
+		return result{}, err
 	}
 	e.workerPool = e.pool
 	if e.cfg.PooledURL != "" {
@@ -223,6 +212,21 @@ func runMode(ctx context.Context, e *env, name string) (result, error) {
 	r, err := modes[name](ctx, e)
 	r.Mode, r.PeakRSS = name, peakRSS()
 	return r, err
+}
+
+// produceStream produces mode name's stream, and the orders it pays, unless the mode produces its
+// own.
+func (e *env) produceStream(ctx context.Context, name string) error {
+	switch {
+	case ownStream[name]:
+		return nil
+	case name == "sms":
+		return produceSMS(ctx, e.cfg, e.addr, e.topic)
+	}
+	if err := e.stream.createOrders(ctx, e.pool); err != nil {
+		return fmt.Errorf("create orders: %w", err)
+	}
+	return e.stream.produce(ctx, e.addr, e.topic)
 }
 
 func report(out io.Writer, results []result) {

@@ -336,13 +336,10 @@ func (c *Config) check(name func(env string) string) error {
 	fail := func(env, format string, args ...any) error {
 		return &settingError{Name: name(env), Err: fmt.Errorf(format, args...)}
 	}
+	if err := c.checkSASL(fail); err != nil {
+		return err
+	}
 	switch {
-	case c.KafkaSASLMechanism != "" && c.KafkaUsername == "":
-		return fail("KAFKA_USERNAME", "required with KAFKA_SASL_MECHANISM %s", c.KafkaSASLMechanism)
-	case c.KafkaSASLMechanism != "" && c.KafkaPassword == "":
-		return fail("KAFKA_PASSWORD", "required with KAFKA_SASL_MECHANISM %s", c.KafkaSASLMechanism)
-	case c.KafkaSASLMechanism == "" && (c.KafkaUsername != "" || c.KafkaPassword != ""):
-		return fail("KAFKA_SASL_MECHANISM", "required when KAFKA_USERNAME or KAFKA_PASSWORD is set")
 	case c.RetryInitialInterval > c.RetryMaxInterval:
 		return fail("RETRY_INITIAL_INTERVAL", "%s is longer than RETRY_MAX_INTERVAL %s",
 			c.RetryInitialInterval, c.RetryMaxInterval)
@@ -369,6 +366,20 @@ func (c *Config) check(name func(env string) string) error {
 	if _, se := providerSender(c, nil); se != nil {
 		se.Name = name(se.Name)
 		return se
+	}
+	return nil
+}
+
+// checkSASL says what is missing of the brokers' authentication: a mechanism needs a user and a
+// password, and they need a mechanism.
+func (c *Config) checkSASL(fail func(env, format string, args ...any) error) error {
+	switch {
+	case c.KafkaSASLMechanism != "" && c.KafkaUsername == "":
+		return fail("KAFKA_USERNAME", "required with KAFKA_SASL_MECHANISM %s", c.KafkaSASLMechanism)
+	case c.KafkaSASLMechanism != "" && c.KafkaPassword == "":
+		return fail("KAFKA_PASSWORD", "required with KAFKA_SASL_MECHANISM %s", c.KafkaSASLMechanism)
+	case c.KafkaSASLMechanism == "" && (c.KafkaUsername != "" || c.KafkaPassword != ""):
+		return fail("KAFKA_SASL_MECHANISM", "required when KAFKA_USERNAME or KAFKA_PASSWORD is set")
 	}
 	return nil
 }

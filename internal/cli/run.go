@@ -17,7 +17,6 @@ import (
 
 	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/notify"
-	"github.com/inboxworker/inboxworker/internal/outbox"
 	"github.com/inboxworker/inboxworker/internal/redact"
 	"github.com/inboxworker/inboxworker/internal/startup"
 	"github.com/inboxworker/inboxworker/internal/tracing"
@@ -66,16 +65,13 @@ type workerOptions struct {
 // worker is the assembled process: a database pool, the routes behind the worker of package
 // inboxworker, the HTTP endpoints and the tracer.
 type worker struct {
-	cfg      *Config
-	logger   *slog.Logger
-	tracer   *tracing.Tracer
-	pool     *pgxpool.Pool
-	worker   *inboxworker.Worker
-	relay    *outbox.Relay
-	registry *prometheus.Registry
-	// outboxMetrics are the relay's, registered before it is built.
-	outboxMetrics *outbox.Metrics
-	anomalies     *anomalyGauge
+	cfg       *Config
+	logger    *slog.Logger
+	tracer    *tracing.Tracer
+	pool      *pgxpool.Pool
+	worker    *inboxworker.Worker
+	registry  *prometheus.Registry
+	anomalies *anomalyGauge
 	// reconciliation counts the orders left PENDING, and asks the provider about them.
 	reconciliation *reconciliation
 	ops            *opsServer

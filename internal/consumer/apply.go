@@ -78,12 +78,8 @@ func (p *partition) applyMessage(ctx context.Context, e *entry, c carried) error
 		return err
 	}
 	h, a := c.h, p.attemptOf(e, log)
-	var dbWait func() // while it waits for the database
-	defer func() {
-		if dbWait != nil {
-			dbWait()
-		}
-	}()
+	db := databaseWait{gate: p.route.gate}
+	defer db.end()
 	for r := c.first; ; r = nil {
 		if r == nil {
 			got, parkNow, err := p.attemptInPlace(ctx, e, a, h)
@@ -98,13 +94,7 @@ func (p *partition) applyMessage(ctx context.Context, e *entry, c carried) error
 		}
 		d := p.route.policy.decide(h, *r, routeView{open: p.route.gate.open()})
 		h = h.next(*r, d, time.Now())
-		switch {
-		case d.wait == waitDatabase && dbWait == nil && h.waits >= heldAfterWaits:
-			dbWait = p.route.gate.awaitDatabase(d.err)
-		case d.wait != waitDatabase && dbWait != nil:
-			dbWait()
-			dbWait = nil
-		}
+		db.track(d, h)
 		if d.throttle > 0 {
 			p.route.gate.throttle(d.throttle)
 		}
@@ -118,6 +108,31 @@ func (p *partition) applyMessage(ctx context.Context, e *entry, c carried) error
 		if err := p.sleep(ctx, d.delay); err != nil {
 			return err
 		}
+	}
+}
+
+// databaseWait tells a route's gate when a message retried in place has waited for the database
+// long enough (heldAfterWaits) to hold the route, and when it no longer waits.
+type databaseWait struct {
+	gate    *gate
+	release func() // set while the message holds the route
+}
+
+// track follows the message's decision d, its history h.
+func (w *databaseWait) track(d decision, h history) {
+	switch {
+	case d.wait == waitDatabase && w.release == nil && h.waits >= heldAfterWaits:
+		w.release = w.gate.awaitDatabase(d.err)
+	case d.wait != waitDatabase:
+		w.end()
+	}
+}
+
+// end ends the message's wait for the database, if it waits.
+func (w *databaseWait) end() {
+	if w.release != nil {
+		w.release()
+		w.release = nil
 	}
 }
 

@@ -470,15 +470,26 @@ func (r Route) validate() error {
 		return errors.New(" needs a Handler or a Call, and not both")
 	case r.Concurrency < 1:
 		return fmt.Errorf(".Concurrency must be positive, got %d", r.Concurrency)
-	case !(r.RateLimit == 0 || r.RateLimit >= MinRateLimit && r.RateLimit <= MaxRateLimit) || r.RateLimit > 0 && r.Call == nil:
-		return fmt.Errorf(".RateLimit is for call routes, from %g to %g calls per second; got %g", MinRateLimit, MaxRateLimit, r.RateLimit)
-	case r.Call == nil && r.CallLease != 0:
-		return fmt.Errorf(".CallLease is for call routes; got %s on a Handler route", r.CallLease)
-	case r.Call != nil && r.CallLease < 3*time.Millisecond:
-		return fmt.Errorf(".CallLease must be at least 3ms, got %s", r.CallLease)
 	case r.Timeout < MinTimeout || r.Timeout > MaxTimeout:
 		return fmt.Errorf(".Timeout must be from %s to %s, got %s", MinTimeout, MaxTimeout, r.Timeout)
-	case r.Call != nil && r.CallLease*2/3 >= r.Timeout:
+	case r.Call == nil && r.RateLimit != 0:
+		return fmt.Errorf(".RateLimit is for call routes; got %g on a Handler route", r.RateLimit)
+	case r.Call == nil && r.CallLease != 0:
+		return fmt.Errorf(".CallLease is for call routes; got %s on a Handler route", r.CallLease)
+	case r.Call != nil:
+		return r.validateCall()
+	}
+	return nil
+}
+
+// validateCall says what is wrong with call route r's lease and rate limit.
+func (r Route) validateCall() error {
+	switch {
+	case r.RateLimit != 0 && !(r.RateLimit >= MinRateLimit && r.RateLimit <= MaxRateLimit): // NaN too
+		return fmt.Errorf(".RateLimit must be 0 or from %g to %g calls per second; got %g", MinRateLimit, MaxRateLimit, r.RateLimit)
+	case r.CallLease < 3*time.Millisecond:
+		return fmt.Errorf(".CallLease must be at least 3ms, got %s", r.CallLease)
+	case r.CallLease*2/3 >= r.Timeout:
 		return fmt.Errorf(".CallLease %s gives its call %s, no less than Timeout %s: the attempt would end the call first",
 			r.CallLease, r.CallLease*2/3, r.Timeout)
 	}
@@ -505,6 +516,7 @@ func (config *Config) validateDurations() error {
 	}
 	for _, p := range positive {
 		if p.d < 0 {
+			//lint:ignore ST1005 it begins with the field's name, as New's other errors do
 			return fmt.Errorf("Config.%s must be positive, got %s", p.name, p.d)
 		}
 	}

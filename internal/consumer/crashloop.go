@@ -10,7 +10,7 @@ import (
 // The crash-loop guard. A message that kills the process (a panic outside the handler's recover, an
 // out-of-memory kill, a SIGKILL) is never finished, so its offset is never committed and every new
 // owner of its partition runs it again, forever. To notice, the partition records each range of
-// fetched messages through the inbox store (inbox.Store.RecordStart) before any of them starts: one
+// fetched messages through the inbox store (inbox.StartLog.Record) before any of them starts: one
 // autocommit statement per round of scheduling, which covers every message fetched by then, never
 // one per message. The record goes when the range is finished: with the next record once the
 // committed offset is past it, and when the partition is released cleanly (finished, or abandoned

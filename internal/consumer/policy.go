@@ -152,6 +152,12 @@ func (p policy) decide(h history, r result, route routeView) decision {
 		}
 		return d
 	}
+	return p.backOff(h, r, reason, retryAfter)
+}
+
+// backOff decides on r, a retryable failure of reason, the other service asking to wait
+// retryAfter: a retry after the backoff, charged to the budget, or a dead letter once it is spent.
+func (p policy) backOff(h history, r result, reason fault.Reason, retryAfter time.Duration) decision {
 	backoffDelay := p.backoff(h.attempts + 1) // after this attempt, the message's (attempts+1)th
 	d := decision{reason: reason, err: r.err, charge: r.took + backoffDelay, delay: max(backoffDelay, retryAfter)}
 	if retryAfter > 0 {

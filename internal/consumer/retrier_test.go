@@ -317,7 +317,7 @@ func TestRetrierDeadLettersAtOnce(t *testing.T) {
 		fail   error
 		reason fault.Reason
 	}{
-		{"Permanent", nil, fault.Permanentf(fault.InvalidPayload, "amount: not a decimal"), fault.InvalidPayload},
+		{"Permanent", nil, fault.Permanent(fault.InvalidPayload, errors.New("amount: not a decimal")), fault.InvalidPayload},
 		{"Panic", nil, nil, fault.HandlerError},
 		// The claim catches the reuse before the handler runs: the run before parking is the only one.
 		{"KeyReused", func(e *retrierEnv) {

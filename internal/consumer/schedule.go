@@ -10,7 +10,7 @@ import (
 // returns how long until it should look again though nothing happens (a batch waiting for more
 // messages, a paused route); 0 when only an event (a fetch, a settled dispatch, a free slot of the
 // route) can change what may start. While the route's circuit has it paused, nothing starts but,
-// once a probe is due, one message (see routeGate).
+// once a probe is due, one message (see gate.allow).
 //
 // A message may start when it is the first unstarted message of its ordering key and its key has
 // nothing in flight. Messages of a route whose handler takes batches start as batches: the

@@ -10,7 +10,6 @@ package fault
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"time"
 
@@ -81,11 +80,6 @@ func (e *Error) Unwrap() error { return e.Err }
 // Permanent marks err as not worth retrying: the message is dead-lettered with reason.
 func Permanent(reason Reason, err error) error {
 	return &Error{Kind: KindPermanent, Reason: reason, Err: err}
-}
-
-// Permanentf is Permanent with a formatted error.
-func Permanentf(reason Reason, format string, args ...any) error {
-	return Permanent(reason, fmt.Errorf(format, args...))
 }
 
 // Retryable marks err as worth retrying with backoff; when retries run out the message is

@@ -24,7 +24,7 @@ func TestClassify(t *testing.T) {
 		{"Unclassified", base, fault.KindPermanent, fault.HandlerError, 0},
 		{"Permanent", fault.Permanent(fault.InvalidPayload, base), fault.KindPermanent, fault.InvalidPayload, 0},
 		{"PermanentWithoutReason", fault.Permanent("", base), fault.KindPermanent, fault.HandlerError, 0},
-		{"PermanentWrapped", fmt.Errorf("decode: %w", fault.Permanentf(fault.InvalidPayload, "bad %s", "amount")),
+		{"PermanentWrapped", fmt.Errorf("decode: %w", fault.Permanent(fault.InvalidPayload, errors.New("bad amount"))),
 			fault.KindPermanent, fault.InvalidPayload, 0},
 		{"Retryable", fault.Retryable(base), fault.KindRetryable, fault.RetriesExhausted, 0},
 		{"RetryableUntil", fault.RetryableUntil(reasonUnknownOrder, base), fault.KindRetryable, reasonUnknownOrder, 0},

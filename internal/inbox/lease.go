@@ -119,6 +119,13 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 		return "", err
 	}
 
+	return s.record(ctx, l, effect)
+}
+
+// record completes the call made under l: the key's inbox row and effect in one transaction. A
+// record that fails for good keeps the lease, marked called; any other failure releases it.
+func (s *Store) record(ctx context.Context, l *lease, effect Effect) (Outcome, error) {
+	msg := l.msg
 	outcome, lost, err := s.complete(ctx, msg, l.holder, effect)
 	switch {
 	case err != nil && isPermanent(err) && ctx.Err() == nil && !errors.Is(err, context.Canceled):

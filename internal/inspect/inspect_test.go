@@ -64,13 +64,8 @@ func callback(key, orderNo, txn, result string) []byte {
 		`","amount":"99.90","currency":"CNY","result":"` + result + `","paid_at":"2026-11-30T12:00:00Z"}`)
 }
 
-// apply runs a callback through the inbox and the payment handler, as the consumer does.
-func (e *env) apply(key string, value []byte, offset int64) inbox.Outcome {
-	e.t.Helper()
-	return e.applyVerified(key, value, offset, "")
-}
-
-// applyVerified is apply for a callback whose signature the key named verifiedBy verified.
+// applyVerified runs a callback through the inbox and the payment handler, as the consumer does,
+// its signature verified by the key named verifiedBy.
 func (e *env) applyVerified(key string, value []byte, offset int64, verifiedBy string) inbox.Outcome {
 	e.t.Helper()
 	msg := inbox.Message{Handler: "payments", Key: key, Fingerprint: inbox.Fingerprint(value),

@@ -243,17 +243,7 @@ type request struct {
 // handle serves one request and reports whether the connection stays open.
 func (f *Floor) handle(client, broker net.Conn, req *request) bool {
 	if r, ok := kafka41[req.Key]; !ok || req.Version < r.Min || req.Version > r.Max {
-		if req.Key == apiVersionsKey && ok && req.Version > r.Max {
-			// A client newer than the broker asks ApiVersions at its own version first and is
-			// told which to use (KIP-511), as franz-go and the Java client do: served, not outside.
-			f.record(f.served, req.Request)
-			return write(client, unsupportedAPIVersions(req.corr))
-		}
-		f.record(f.outside, req.Request)
-		if req.Key == apiVersionsKey {
-			return write(client, unsupportedAPIVersions(req.corr))
-		}
-		return false
+		return f.refuseVersion(client, req, ok && req.Version > r.Max)
 	}
 	f.record(f.served, req.Request)
 	f.mu.Lock()
@@ -283,6 +273,22 @@ func (f *Floor) handle(client, broker net.Conn, req *request) bool {
 		return false
 	}
 	return write(client, resp)
+}
+
+// refuseVersion answers req, a request at a version Kafka 4.1 does not serve (newer than it serves:
+// newer), and reports whether the connection stays open.
+func (f *Floor) refuseVersion(client net.Conn, req *request, newer bool) bool {
+	if req.Key == apiVersionsKey && newer {
+		// A client newer than the broker asks ApiVersions at its own version first and is told
+		// which to use (KIP-511), as franz-go and the Java client do: served, not outside.
+		f.record(f.served, req.Request)
+		return write(client, unsupportedAPIVersions(req.corr))
+	}
+	f.record(f.outside, req.Request)
+	if req.Key == apiVersionsKey {
+		return write(client, unsupportedAPIVersions(req.corr))
+	}
+	return false
 }
 
 func (f *Floor) record(set map[Request]struct{}, r Request) {

@@ -89,7 +89,7 @@ func TestHTTPSenderTraces(t *testing.T) {
 			}
 			attrs := map[string]string{}
 			for _, kv := range span.Attributes {
-				attrs[string(kv.Key)] = kv.Value.Emit()
+				attrs[string(kv.Key)] = kv.Value.String()
 			}
 			if attrs["error.type"] != tt.wantType || span.Status.Code != tt.wantStatus {
 				t.Errorf("span: error.type %q, status %v; want %q, %v", attrs["error.type"], span.Status.Code, tt.wantType, tt.wantStatus)

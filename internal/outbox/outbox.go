@@ -209,8 +209,10 @@ func checkEvent(e Event) ([]byte, error) {
 	payload, err := encodePayload(e.Payload)
 	switch {
 	case err != nil:
+		//lint:ignore ST1005 it begins with the field's name, as checkEvent's other errors do
 		return nil, fmt.Errorf("Payload: %w", err)
 	case len(payload) > MaxPayloadBytes:
+		//lint:ignore ST1005 it begins with the field's name, as checkEvent's other errors do
 		return nil, fmt.Errorf("Payload is %d bytes, more than %d", len(payload), MaxPayloadBytes)
 	}
 	return payload, nil

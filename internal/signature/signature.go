@@ -241,23 +241,9 @@ func malformed(format string, args ...any) error {
 
 // match returns the name of the first key that matches a signature of h over body.
 func (v *Verifier) match(h headers, body []byte) (string, error) {
-	var hmacs, ed25519s [][]byte
-	for sig := range strings.FieldsSeq(h.signatures) {
-		version, encoded, ok := strings.Cut(sig, ",")
-		if !ok {
-			return "", malformed("%s holds %.20q, not version,signature", HeaderSignature, sig)
-		}
-		b, err := base64.StdEncoding.DecodeString(encoded)
-		switch {
-		case version != "v1" && version != "v1a":
-			continue
-		case err != nil:
-			return "", malformed("a %s signature is not base64", version)
-		case version == "v1":
-			hmacs = append(hmacs, b)
-		default:
-			ed25519s = append(ed25519s, b)
-		}
+	hmacs, ed25519s, err := parseSignatures(h)
+	if err != nil {
+		return "", err
 	}
 	var content []byte // what an Ed25519 signature signs, made once if needed
 	for _, k := range v.keys {
@@ -288,6 +274,29 @@ func (v *Verifier) match(h headers, body []byte) (string, error) {
 	}
 	return "", fmt.Errorf("%w: %d v1 and %d v1a signatures, none by keys %s", inboxworker.ErrNoKeyMatched,
 		len(hmacs), len(ed25519s), strings.Join(v.keys.Names(), ", "))
+}
+
+// parseSignatures returns the signatures of h: the HMAC ones (v1) and the Ed25519 ones (v1a),
+// decoded; those of another version are left out.
+func parseSignatures(h headers) (hmacs, ed25519s [][]byte, _ error) {
+	for sig := range strings.FieldsSeq(h.signatures) {
+		version, encoded, ok := strings.Cut(sig, ",")
+		if !ok {
+			return nil, nil, malformed("%s holds %.20q, not version,signature", HeaderSignature, sig)
+		}
+		b, err := base64.StdEncoding.DecodeString(encoded)
+		switch {
+		case version != "v1" && version != "v1a":
+			continue
+		case err != nil:
+			return nil, nil, malformed("a %s signature is not base64", version)
+		case version == "v1":
+			hmacs = append(hmacs, b)
+		default:
+			ed25519s = append(ed25519s, b)
+		}
+	}
+	return hmacs, ed25519s, nil
 }
 
 // signedContent is what a signature of h over body signs.

@@ -110,7 +110,7 @@ func Check(getenv func(string) string) error {
 // serviceName is the service.name of res.
 func serviceName(res *resource.Resource) string {
 	v, _ := res.Set().Value(semconv.ServiceNameKey)
-	return v.Emit()
+	return v.String()
 }
 
 // otelEnv is what Setup reads of the OTEL_* variables.

@@ -62,7 +62,7 @@ func names(spans tracetest.SpanStubs) []string {
 func attrs(s tracetest.SpanStub) map[string]string {
 	out := map[string]string{}
 	for _, kv := range s.Attributes {
-		out[string(kv.Key)] = kv.Value.Emit()
+		out[string(kv.Key)] = kv.Value.String()
 	}
 	return out
 }
@@ -327,7 +327,7 @@ func TestStartRequest(t *testing.T) {
 	}
 }
 
-func itoa(n int) string { return attribute.IntValue(n).Emit() }
+func itoa(n int) string { return attribute.IntValue(n).String() }
 
 func TestFail(t *testing.T) {
 	t.Parallel()
