@@ -8,6 +8,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/idkey"
 )
 
 // Route binds a Kafka topic to what applies its messages: a Handler, whose effect commits in the
@@ -99,7 +100,7 @@ func (r Route) consumerRoute() consumer.Route {
 // dead-letter with (see Permanent): InvalidPayload for an empty value (a tombstone) or, with no key
 // header, a value that is not JSON; MissingIdempotencyKey; InvalidIdempotencyKey.
 func DefaultKey(m Received) (string, error) {
-	key, reason, err := consumer.IdempotencyKey(m.message())
+	key, reason, err := idkey.Of(m.message())
 	if err != nil {
 		return "", fault.Permanent(reason, err)
 	}
@@ -118,6 +119,6 @@ func keyFunc(key func(Received) (string, error)) func(kafka.Message) (string, fa
 			}
 			return "", reason, err
 		}
-		return consumer.CheckKey(k, "Route.Key")
+		return idkey.Check(k, "Route.Key")
 	}
 }

@@ -178,7 +178,7 @@ func (rt *route) applyBatch(ctx context.Context, a attempt, r *result) ([]inbox.
 	return outcomes, err
 }
 
-// call runs a CallHandler on a's one message in its three steps (see CallHandler); a parked
+// call runs a CallHandler on a's one message in its three steps (see inboxtype.CallHandler); a parked
 // message leaves the park in the completion's transaction, or at once when its key is found
 // recorded.
 func (rt *route) call(ctx context.Context, a attempt, r *result) ([]inbox.Outcome, error) {

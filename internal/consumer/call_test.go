@@ -22,6 +22,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/idkey"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/poll"
@@ -132,7 +133,7 @@ func TestCallHandler(t *testing.T) {
 	}
 	reasons := map[string]string{}
 	for _, m := range e.deadLetters() {
-		key, _, _ := consumer.IdempotencyKey(m)
+		key, _, _ := idkey.Of(m)
 		reasons[key] = kafkatest.Header(m, "dlq-reason")
 	}
 	want := map[string]string{"rejected": "provider_rejected", "panics": "handler_error", "invalid": "invalid_payload"}

@@ -47,6 +47,7 @@ import (
 	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/idkey"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/startup"
 	"github.com/inboxworker/inboxworker/internal/tracing"
@@ -81,7 +82,7 @@ type Ordering int
 const (
 	// ByKey runs the messages of one ordering key one after another, in offset order, and messages
 	// of different keys concurrently. A message's ordering key is its Kafka key; a message without
-	// one is ordered by its idempotency key (see IdempotencyKey); a message with neither runs in
+	// one is ordered by its idempotency key (see idkey.Of); a message with neither runs in
 	// any order (it is dead-lettered). The default.
 	ByKey Ordering = iota
 	// ByPartition runs a partition's messages one after another, in offset order.
@@ -134,7 +135,7 @@ type Route struct {
 	// out of time is retried. Defaults to DefaultTimeout; else from MinTimeout to MaxTimeout.
 	Timeout time.Duration
 	// IdempotencyKey takes a message's idempotency key, or says why it has none (the reason its dead
-	// letter gets). Defaults to IdempotencyKey, the contract's rule: the Idempotency-Key header, else
+	// letter gets). Defaults to idkey.Of, the contract's rule: the Idempotency-Key header, else
 	// X-Idempotent-Key, else webhook-id, else the JSON member event_id.
 	IdempotencyKey func(kafka.Message) (string, fault.Reason, error)
 	// Verify, when set, verifies each message before its idempotency key is taken: it returns the
@@ -313,7 +314,7 @@ func New(config Config) (*Consumer, error) {
 	config.Routes = slices.Clone(config.Routes) // defaults filled in below are the consumer's own
 	for i := range config.Routes {
 		if config.Routes[i].IdempotencyKey == nil {
-			config.Routes[i].IdempotencyKey = IdempotencyKey
+			config.Routes[i].IdempotencyKey = idkey.Of
 		}
 	}
 	config.SessionTimeout = cmp.Or(config.SessionTimeout, 10*time.Second)

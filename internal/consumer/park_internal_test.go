@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/internal/idkey"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 	"github.com/inboxworker/inboxworker/internal/poll"
@@ -40,7 +41,7 @@ func TestParkedRoundTrip(t *testing.T) {
 		}},
 		{Offset: 42, Key: nil, Value: []byte(`{"event_id":"evt-2"}`)},
 	} {
-		key, _, err := IdempotencyKey(m)
+		key, _, err := idkey.Of(m)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,7 +100,7 @@ func TestParkedDeadLetter(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("headers\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if key, _, err := IdempotencyKey(m); err != nil || key != "evt-9" {
+	if key, _, err := idkey.Of(m); err != nil || key != "evt-9" {
 		t.Errorf("the dead letter's idempotency key %q, %v; want evt-9 kept", key, err)
 	}
 

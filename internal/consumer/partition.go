@@ -55,7 +55,7 @@ type partition struct {
 	window    window // the messages fetched and not yet committed
 	running   int    // dispatches in flight
 	wantsSlot bool   // a message could start if a slot were free
-	// slotFreed is closed when a slot of the route is freed after schedule last looked (see there).
+	// slotFreed is closed when a slot of the route is freed after schedule last looked (see partition.schedule).
 	slotFreed  <-chan struct{}
 	room       chan struct{} // a token per message fetched and not committed
 	settled    chan settled  // dispatches' results

@@ -5,10 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
 // What happens to a message after an attempt is decided here, and only here: by decide, a pure
@@ -190,27 +189,11 @@ func (p policy) waitDelay(n int) time.Duration {
 	return exponential(p.retry.InitialInterval, min(p.retry.MaxInterval, maxWaitInterval), p.jitter, n)
 }
 
-// exponential is the n-th interval (n >= 1) of backoff/v4's exponential backoff from initial,
-// doubling up to max, randomized by jitter; the one backoff of the consumer.
+// exponential is the n-th interval (n >= 1) of the one backoff (package wait) from initial,
+// doubling up to max, randomized by jitter.
 func exponential(initial, max time.Duration, jitter float64, n int) time.Duration {
-	b := &backoff.ExponentialBackOff{
-		InitialInterval:     initial,
-		RandomizationFactor: jitter,
-		Multiplier:          2,
-		MaxInterval:         max,
-		Stop:                backoff.Stop,
-		Clock:               backoff.SystemClock,
-	}
-	b.Reset()
-	d := initial
-	for range min(n, maxDoublings) {
-		d = b.NextBackOff()
-	}
-	return d
+	return wait.Backoff{Initial: initial, Max: max, Jitter: jitter}.Delay(n)
 }
-
-// maxDoublings is more doublings than any interval takes to reach its maximum.
-const maxDoublings = 64
 
 // crashLoopStarts is how many starts of a message in a row without its finishing make it a crash
 // loop: the worker died with it in flight each time.

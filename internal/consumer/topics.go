@@ -155,7 +155,7 @@ func (c *Consumer) watchTopics(genCtx context.Context) {
 }
 
 // topicBalancer is a kafka-go group balancer that assigns the partitions of every subscribed topic
-// present, whichever is missing (see above): it reads each topic's partitions again and gives them
+// present, whichever is missing (see Consumer.watchTopics): it reads each topic's partitions again and gives them
 // to the balancer it wraps, whose protocol name it keeps, so that members of earlier releases
 // balance with it.
 type topicBalancer struct {

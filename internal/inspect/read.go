@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/idkey"
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/payment"
 )
@@ -249,7 +249,7 @@ func (r *RouteReport) readDeadLetters(ctx context.Context, tx pgx.Tx, key string
 			d.Headers = append(d.Headers, kafka.Header{Key: string(names[i]), Value: values[i]})
 		}
 		_, original := deadletter.Read(d.Headers)
-		k, _, err := consumer.IdempotencyKey(kafka.Message{Key: d.Key, Value: d.Value, Headers: original})
+		k, _, err := idkey.Of(kafka.Message{Key: d.Key, Value: d.Value, Headers: original})
 		if err == nil && k == key {
 			r.DeadLetters = append(r.DeadLetters, d)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
 // HeaderIdempotencyKey is the Kafka header carrying an event's id.
@@ -233,11 +234,7 @@ func (r *Relay) pause(ctx context.Context, d time.Duration, woken <-chan struct{
 
 // retryDelay is the wait after the nth failure in a row: 100ms doubling up to 5s.
 func retryDelay(n int) time.Duration {
-	d := 100 * time.Millisecond
-	for i := 1; i < n && d < 5*time.Second; i++ {
-		d *= 2
-	}
-	return min(d, 5*time.Second)
+	return wait.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second}.Delay(n)
 }
 
 // round publishes one batch: it marks what is left unmarked, moves the horizon on (renewing the

@@ -32,9 +32,9 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 
-	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/idkey"
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/startup"
 )
@@ -376,7 +376,7 @@ func (r *state) keep(ctx context.Context, d *deadLetter, log *slog.Logger) error
 	}
 	// The key the worker will read, for the output; never the Kafka message key, which for an SMS is
 	// a phone number.
-	d.idempotencyKey, d.keyProblem, _ = consumer.IdempotencyKey(d.message)
+	d.idempotencyKey, d.keyProblem, _ = idkey.Of(d.message)
 	r.letters = append(r.letters, d)
 	r.limited = r.limit > 0 && len(r.letters) >= r.limit
 	return nil

@@ -12,6 +12,8 @@ import (
 	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
 // waitFor calls try until it succeeds or timeout passes, with a growing pause between attempts, and
@@ -21,7 +23,7 @@ func waitFor(ctx context.Context, timeout time.Duration, logger *slog.Logger, wh
 	try func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	pause := 100 * time.Millisecond
+	pauses := wait.Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
 	for attempt := 1; ; attempt++ {
 		err := try(ctx)
 		if err == nil {
@@ -33,12 +35,9 @@ func waitFor(ctx context.Context, timeout time.Duration, logger *slog.Logger, wh
 		if attempt == 1 {
 			logger.InfoContext(ctx, "waiting for "+what, slog.String("err", err.Error()))
 		}
-		select {
-		case <-ctx.Done():
+		if wait.Sleep(ctx, pauses.Delay(attempt)) != nil {
 			return err
-		case <-time.After(pause):
 		}
-		pause = min(2*pause, 2*time.Second)
 	}
 }
 

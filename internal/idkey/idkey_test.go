@@ -1,4 +1,4 @@
-package consumer_test
+package idkey_test
 
 import (
 	"strings"
@@ -8,7 +8,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/idkey"
 	"github.com/inboxworker/inboxworker/internal/fault"
 )
 
@@ -17,7 +17,7 @@ func TestIdempotencyKey(t *testing.T) {
 	for _, tt := range keyTests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			key, reason, err := consumer.IdempotencyKey(tt.msg)
+			key, reason, err := idkey.Of(tt.msg)
 			if key != tt.wantKey || reason != tt.wantReason || (err != nil) != (tt.wantReason != "") {
 				t.Errorf("IdempotencyKey() = %q, %q, %v; want %q, %q", key, reason, err, tt.wantKey, tt.wantReason)
 			}
@@ -125,7 +125,7 @@ func TestIdempotencyKeyErrors(t *testing.T) {
 		{`[{"event_id":"e"}]`, "no idempotency key: no header Idempotency-Key, X-Idempotent-Key or webhook-id, and the value is not a JSON object"},
 		{``, "empty value (tombstone): nothing to apply"},
 	} {
-		_, _, err := consumer.IdempotencyKey(msgWith(tt.value, "", ""))
+		_, _, err := idkey.Of(msgWith(tt.value, "", ""))
 		if err == nil || err.Error() != tt.want {
 			t.Errorf("%s: error %v, want %q", tt.value, err, tt.want)
 		}
@@ -156,7 +156,7 @@ func FuzzIdempotencyKey(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, value, headerValue string) {
 		for _, m := range []kafka.Message{msgWith(value, "", ""), msgWith(value, "Idempotency-Key", headerValue)} {
-			key, reason, err := consumer.IdempotencyKey(m)
+			key, reason, err := idkey.Of(m)
 			switch {
 			case err != nil && (key != "" || reason == ""):
 				t.Fatalf("failed with key %q and reason %q", key, reason)
@@ -180,7 +180,7 @@ func BenchmarkIdempotencyKey(b *testing.B) {
 		`"amount":"99.90","currency":"CNY","result":"SUCCESS","paid_at":"2026-11-30T12:00:00Z"}`, "", "")
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, err := consumer.IdempotencyKey(m); err != nil {
+		if _, _, err := idkey.Of(m); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -1,4 +1,7 @@
-package consumer
+// Package idkey finds a Kafka message's idempotency key by the rule of the worker's contract, and
+// says what a key may be. It is the one place of that rule: the consumer takes every message's key
+// through it, and the tools that read dead letters and the park (inspect, replay) take theirs too.
+package idkey
 
 import (
 	"bytes"
@@ -34,7 +37,7 @@ var (
 	errNoKey     = errors.New("no idempotency key: no header Idempotency-Key, X-Idempotent-Key or webhook-id, no JSON field event_id")
 )
 
-// IdempotencyKey returns m's idempotency key: the header Idempotency-Key, else the header
+// Of returns m's idempotency key: the header Idempotency-Key, else the header
 // X-Idempotent-Key, else the header webhook-id (a signed callback's id, which its provider keeps
 // when it sends the callback again), else the string member named exactly event_id of the JSON
 // object in the value.
@@ -47,7 +50,7 @@ var (
 // there is no valid key it returns the reason to dead-letter with: InvalidPayload for a value that
 // is not valid JSON and has no key header, as nothing could be read from it, and for an empty value
 // (a tombstone: a delete marker of a compacted topic, never an event to apply), whatever its headers.
-func IdempotencyKey(m kafka.Message) (string, fault.Reason, error) {
+func Of(m kafka.Message) (string, fault.Reason, error) {
 	if len(m.Value) == 0 {
 		return "", fault.InvalidPayload, errTombstone
 	}
@@ -57,7 +60,7 @@ func IdempotencyKey(m kafka.Message) (string, fault.Reason, error) {
 			return "", fault.InvalidIdempotencyKey, err
 		}
 		if key != "" {
-			return CheckKey(key, "header "+name)
+			return Check(key, "header "+name)
 		}
 	}
 	values, err := eventIDs(m.Value)
@@ -112,7 +115,7 @@ func fieldKey(raw []byte) (string, fault.Reason, error) {
 	if err != nil {
 		return "", fault.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key: JSON field %s is not a string", keyField)
 	}
-	return CheckKey(key, "JSON field "+keyField)
+	return Check(key, "JSON field "+keyField)
 }
 
 // eventIDs returns the raw values of every top-level member of the JSON object value whose name is
@@ -201,9 +204,9 @@ func hex4(raw []byte, i int) (rune, bool) {
 	return r, true
 }
 
-// CheckKey returns key if it is a valid idempotency key (see IdempotencyKey), else
+// CheckKey returns key if it is a valid idempotency key (see Of), else
 // InvalidIdempotencyKey and why not, naming source, where key was found.
-func CheckKey(key, source string) (string, fault.Reason, error) {
+func Check(key, source string) (string, fault.Reason, error) {
 	invalid := func(why string) (string, fault.Reason, error) {
 		return "", fault.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key in %s: %s", source, why)
 	}

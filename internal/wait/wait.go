@@ -1,0 +1,52 @@
+// Package wait holds the worker's one backoff, for everything that tries again after a failure:
+// a message's retries, the waits for the database, the outbox relay's failed rounds, start-up's
+// waits for Kafka and Postgres. It is backoff/v4's exponential backoff, computed for the n-th
+// failure in a row so that a caller keeps a count rather than a backoff's state.
+package wait
+
+import (
+	"context"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// Backoff is an exponential backoff: Initial after the first failure, doubling after each next one,
+// at most Max, each wait randomized by Jitter (0: none; 0.5: from half to one and a half of it).
+type Backoff struct {
+	Initial, Max time.Duration
+	Jitter       float64
+}
+
+// Delay is the wait after the n-th failure in a row (n >= 1).
+func (b Backoff) Delay(n int) time.Duration {
+	e := &backoff.ExponentialBackOff{
+		InitialInterval:     b.Initial,
+		RandomizationFactor: b.Jitter,
+		Multiplier:          2,
+		MaxInterval:         b.Max,
+		Stop:                backoff.Stop,
+		Clock:               backoff.SystemClock,
+	}
+	e.Reset()
+	d := b.Initial
+	for range min(n, maxDoublings) {
+		d = e.NextBackOff()
+	}
+	return d
+}
+
+// maxDoublings is more doublings than any interval takes to reach its maximum.
+const maxDoublings = 64
+
+// Sleep waits d, or until ctx is done, and then returns its cause.
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}
