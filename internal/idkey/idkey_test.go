@@ -8,8 +8,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/inboxworker/inboxworker/internal/idkey"
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/idkey"
 )
 
 func TestIdempotencyKey(t *testing.T) {
