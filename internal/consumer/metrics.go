@@ -55,7 +55,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Retries of messages after a retryable error, by topic.",
 			"topic"),
 		Handle: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "inboxworker_handle_seconds",
-			Help:    "Time to finish a message, retries included (in a batch applied in one transaction, the batch's time), by topic.",
+			Help:    "Time to finish a message, retries included (in a batch applied in one transaction, the batch's time; a parked message, from its first failure), by topic.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)}, []string{"topic"}),
 		Lag: newGauge("inboxworker_consumer_lag",
 			"Messages behind the partition's end offset, from the group's committed offset; every partition of the consumed topics, whichever member owns it.",

@@ -316,10 +316,11 @@ func (r *retrier) deadLetterAndRemove(ctx context.Context, m inbox.Parked, f fai
 	r.leave(ctx, m, outcomeDeadLettered, f.attempts, log)
 }
 
-// leave records that m left the park with outcome.
+// leave records that m left the park with outcome, and how long it took from its first failure
+// (from when it was parked, for one parked behind its key's head without having run).
 func (r *retrier) leave(ctx context.Context, m inbox.Parked, outcome string, attempts int, log *slog.Logger) {
 	r.outages.Store(0)
-	r.p.c.metrics.count(r.p.topic, outcome)
+	r.p.c.metrics.finished(r.p.topic, outcome, time.Since(cmp.Or(m.FirstFailedAt, m.ParkedAt)))
 	log.InfoContext(ctx, "unparked the message", "outcome", outcome, "attempts", attempts,
 		"parked_for", time.Since(m.ParkedAt).Round(time.Millisecond))
 	if err := r.p.parked.left(ctx, m.OrderingKey); err != nil && ctx.Err() == nil {

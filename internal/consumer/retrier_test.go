@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/deadletter"
@@ -232,6 +233,17 @@ func (e *retrierEnv) waitOutcomes(n int) map[string]int {
 		}
 		return ""
 	})
+	var handled dto.Metric
+	if err := e.metrics.Handle.WithLabelValues(parkTopic).(prometheus.Metric).Write(&handled); err != nil {
+		e.t.Fatal(err)
+	}
+	total := 0
+	for _, o := range outcomes {
+		total += int(testutil.ToFloat64(e.metrics.Messages.WithLabelValues(parkTopic, o)))
+	}
+	if n := handled.GetHistogram().GetSampleCount(); n != uint64(total) {
+		e.t.Errorf("inboxworker_handle_seconds observed %d messages; %d finished", n, total)
+	}
 	return got
 }
 
