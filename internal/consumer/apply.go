@@ -141,25 +141,25 @@ func (w *databaseWait) end() {
 // meanwhile and the route parks; it fails only when ctx is done or the consumer begins to stop.
 func (p *partition) attemptInPlace(ctx context.Context, e *entry, a attempt, h history) (_ result, parkNow bool, _ error) {
 	g := p.route.gate
-	permit, ok := g.allow()
-	if !ok && p.parked != nil && !g.open() {
+	permit, ok, err := g.permitFor(ctx, p.stopping, p.parksWhilePaused)
+	switch {
+	case err != nil:
+		return result{}, false, err
+	case !ok:
 		return result{}, true, nil
-	}
-	if !ok {
-		var err error
-		if permit, err = g.wait(ctx, p.stopping); err != nil {
-			return result{}, false, err
-		}
 	}
 	a.units[0].number = h.attempts + 1
 	r := p.route.run(ctx, a)
+	g.report(permit, e.order, r, ctx.Err() != nil)
 	if ctx.Err() != nil {
-		g.record(permit, e.order, signalNone)
 		return result{}, false, context.Cause(ctx)
 	}
-	g.recordResult(permit, e.order, r)
 	return r, false, nil
 }
+
+// parksWhilePaused reports whether a message of the partition that would start now parks rather
+// than wait: its route parks, and its circuit has it paused.
+func (p *partition) parksWhilePaused() bool { return p.parked != nil && !p.route.gate.open() }
 
 // attemptOf is an attempt at e alone.
 func (p *partition) attemptOf(e *entry, log *slog.Logger) attempt {

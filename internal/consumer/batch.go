@@ -66,23 +66,16 @@ type batchProgress struct {
 // the first one that failed in it to a finished state (see applyBatch).
 func (p *partition) applyRun(ctx context.Context, msgs []*entry, hs []history) batchProgress {
 	g := p.route.gate
-	permit, ok := g.allow()
+	permit, ok, err := g.permitFor(ctx, p.stopping, p.parksWhilePaused)
 	switch {
-	case !ok && p.parked != nil && !g.open():
-		return p.applyEach(ctx, msgs, hs, time.Now()) // the route paused: they wait in the park
+	case err != nil:
+		return batchProgress{abandoned: true}
 	case !ok:
-		var err error
-		if permit, err = g.wait(ctx, p.stopping); err != nil {
-			return batchProgress{abandoned: true}
-		}
+		return p.applyEach(ctx, msgs, hs, time.Now()) // the route paused: they wait in the park
 	}
 	began := time.Now()
 	r := p.transact(ctx, msgs, hs)
-	if ctx.Err() != nil {
-		g.record(permit, msgs[0].order, signalNone)
-	} else {
-		g.recordResult(permit, msgs[0].order, r)
-	}
+	g.report(permit, msgs[0].order, r, ctx.Err() != nil)
 	switch {
 	case r.err == nil:
 		return p.settleRun(ctx, msgs, hs, r, began)

@@ -230,6 +230,32 @@ func (g *gate) recordResult(p permit, key string, r result) {
 	g.record(p, key, signalOf(r))
 }
 
+// permitFor returns a permit to start a run of the route: at once when the gate allows it, else
+// once it does, unless elsewhere reports that the run is better off not waiting here (a partition's
+// message parks while its route is paused; a parked one goes back to the park): then no permit
+// (false). It is how every executor is admitted, and fails only when ctx is done or stopping is
+// closed.
+func (g *gate) permitFor(ctx context.Context, stopping <-chan struct{}, elsewhere func() bool) (permit, bool, error) {
+	if p, ok := g.allow(); ok {
+		return p, true, nil
+	}
+	if elsewhere() {
+		return permit{}, false, nil
+	}
+	p, err := g.wait(ctx, stopping)
+	return p, err == nil, err
+}
+
+// report tells the gate what the run of permit p, of ordering key key, came to: r, or nothing when
+// the run was abandoned (its context ended, or its parked message's hold was lost).
+func (g *gate) report(p permit, key string, r result, abandoned bool) {
+	if abandoned {
+		g.record(p, key, signalNone)
+		return
+	}
+	g.recordResult(p, key, r)
+}
+
 // open reports whether the circuit has the route open: a failure now is a message's own.
 func (g *gate) open() bool {
 	state, _ := g.circuit.State()

@@ -230,15 +230,11 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 		return
 	}
 	g := r.p.route.gate
-	permit, ok := g.allow()
-	if !ok && g.notYet() == 0 { // only the route's pace: wait for a turn
-		var err error
-		if permit, err = g.wait(ctx, r.p.stopping); err == nil {
-			ok = true
-		}
-	}
-	if !ok {
-		r.release(ctx, m, 0, log) // the route paused since m was taken: it waits, nothing charged
+	// Only the route's pace is waited for here: paused since m was taken, the route keeps it in the
+	// park, nothing charged.
+	permit, ok, err := g.permitFor(ctx, r.p.stopping, func() bool { return g.notYet() != 0 })
+	if !ok || err != nil {
+		r.release(ctx, m, 0, log)
 		return
 	}
 	h := history{attempts: m.Attempts, spent: m.BudgetSpent, parked: true, reason: m.Reason, firstAt: m.FirstFailedAt}
@@ -247,14 +243,14 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 			number: m.Attempts + 1}},
 		parked: &m, log: log,
 	})
-	if ctx.Err() != nil || errors.Is(res.err, inbox.ErrHoldLost) {
-		g.record(permit, string(m.OrderingKey), signalNone)
+	abandoned := ctx.Err() != nil || errors.Is(res.err, inbox.ErrHoldLost)
+	g.report(permit, string(m.OrderingKey), res, abandoned)
+	if abandoned {
 		if ctx.Err() == nil {
 			log.InfoContext(ctx, "another owner took the parked message over", "error", res.err)
 		}
 		return
 	}
-	g.recordResult(permit, string(m.OrderingKey), res)
 	d := r.p.route.policy.decide(h, res, routeView{open: g.open()})
 	h = h.next(res, d, time.Now())
 	if d.throttle > 0 {
