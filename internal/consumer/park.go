@@ -2,15 +2,12 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -190,33 +187,6 @@ func fromParked(p inbox.Parked) kafka.Message {
 		m.Headers = append(m.Headers, kafka.Header{Key: h.Key, Value: h.Value})
 	}
 	return m
-}
-
-// ParkedDeadLetter is the dead letter of the parked message p, dead-lettered by an operator rather
-// than retried: the original key, value and headers and the dlq-* headers (package deadletter), with
-// p's reason (retries_exhausted when it has not run) and attempts, and why (the operator's words)
-// in dlq-error with p's last error. Its Topic is p's topic + dlqSuffix.
-func ParkedDeadLetter(p inbox.Parked, dlqSuffix, why string, at time.Time) kafka.Message {
-	m := fromParked(p)
-	reason := p.Reason
-	if reason == "" {
-		reason = fault.RetriesExhausted
-	}
-	text := why
-	if p.LastError != "" {
-		text += ": " + p.LastError
-	}
-	letter := deadletter.Letter{
-		Reason:    reason,
-		Error:     deadletter.ErrorText(errors.New(text)),
-		Topic:     p.Topic,
-		Partition: int(p.Partition),
-		Offset:    p.Offset,
-		Attempts:  p.Attempts,
-		FailedAt:  at,
-		Produced:  p.Produced,
-	}
-	return kafka.Message{Topic: p.Topic + dlqSuffix, Key: m.Key, Value: m.Value, Headers: letter.Headers(m.Headers)}
 }
 
 // reportParked refreshes the park's gauges of topics every interval until ctx is done. A failed

@@ -18,8 +18,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/segmentio/kafka-go"
+
 	"github.com/inboxworker/inboxworker/internal/deadletter"
+	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/replay"
 	"github.com/inboxworker/inboxworker/internal/startup"
@@ -295,7 +297,7 @@ func deadLetterParked(ctx context.Context, cfg Config, store *inbox.Store) error
 		case err != nil:
 			return fmt.Errorf("parked message %d: %w%s", id, err, done(i))
 		}
-		letter := consumer.ParkedDeadLetter(p, cfg.DLQSuffix, operatorWhy, time.Now())
+		letter := deadLetterOf(p, cfg.DLQSuffix, operatorWhy, time.Now())
 		if err := w.WriteMessages(ctx, letter); err != nil {
 			// The claim lapses by itself: the worker takes the message back.
 			return fmt.Errorf("parked message %d: write its dead letter to %s: %w%s", id, letter.Topic, err, done(i))
@@ -319,4 +321,34 @@ func done(n int) string {
 		return ""
 	}
 	return fmt.Sprintf(" (the %d before it were dead-lettered)", n)
+}
+
+// deadLetterOf is the dead letter of the parked message p, dead-lettered by an operator rather
+// than retried: the original key, value and headers and the dlq-* headers (package deadletter), with
+// p's reason (retries_exhausted when it has not run) and attempts, and why (the operator's words)
+// in dlq-error with p's last error. Its Topic is p's topic + dlqSuffix.
+func deadLetterOf(p inbox.Parked, dlqSuffix, why string, at time.Time) kafka.Message {
+	headers := make([]kafka.Header, len(p.Headers))
+	for i, h := range p.Headers {
+		headers[i] = kafka.Header{Key: h.Key, Value: h.Value}
+	}
+	reason := p.Reason
+	if reason == "" {
+		reason = fault.RetriesExhausted
+	}
+	text := why
+	if p.LastError != "" {
+		text += ": " + p.LastError
+	}
+	letter := deadletter.Letter{
+		Reason:    reason,
+		Error:     deadletter.ErrorText(errors.New(text)),
+		Topic:     p.Topic,
+		Partition: int(p.Partition),
+		Offset:    p.Offset,
+		Attempts:  p.Attempts,
+		FailedAt:  at,
+		Produced:  p.Produced,
+	}
+	return kafka.Message{Topic: p.Topic + dlqSuffix, Key: p.MessageKey, Value: p.Value, Headers: letter.Headers(headers)}
 }
