@@ -36,7 +36,9 @@ type Route struct {
 	// MissingIdempotencyKey. A key must be 1 to 255 characters a person can read and tell apart
 	// (valid UTF-8; no control or format characters; no white space but the ASCII space, and that
 	// not at either end); a message whose key is not one is dead-lettered InvalidIdempotencyKey,
-	// and one Key panics on HandlerError. Its verdict must depend on the message alone. Defaults
+	// and one Key panics on HandlerError. An empty value (a tombstone, never an event to apply) is
+	// dead-lettered InvalidPayload before Key sees it. Its verdict must depend on the message
+	// alone. Defaults
 	// to DefaultKey, the worker's contract: a topic whose producers put the key elsewhere (its own
 	// header, a field of its own) names it here, and may fall back on DefaultKey.
 	Key func(m Received) (string, error)
@@ -111,6 +113,9 @@ func DefaultKey(m Received) (string, error) {
 // error found, a panic an error.
 func keyFunc(key func(Received) (string, error)) func(kafka.Message) (string, fault.Reason, error) {
 	return func(m kafka.Message) (string, fault.Reason, error) {
+		if len(m.Value) == 0 {
+			return idkey.Of(m) // a tombstone is refused for what it is, whatever Key would say
+		}
 		k, err := unpanic("Route.Key", func() (string, error) { return key(received(m)) })
 		if err != nil {
 			reason := fault.MissingIdempotencyKey

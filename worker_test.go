@@ -93,6 +93,8 @@ func TestTeamFunctions(t *testing.T) {
 	env.migrate(`CREATE TABLE applied (idempotency_key text PRIMARY KEY, attempt int NOT NULL, verified_by text NOT NULL)`)
 	key := func(m inboxworker.Received) (string, error) {
 		switch v := string(m.Value); {
+		case v == "":
+			return "a-key-for-a-tombstone", nil // refused all the same
 		case strings.Contains(v, "panic-key"):
 			panic("the key function's bug")
 		case strings.Contains(v, "empty-key"):
@@ -115,11 +117,12 @@ func TestTeamFunctions(t *testing.T) {
 	for _, v := range []string{"panic-verify", "panic-key", "empty-key", "no-key", "bad-key", "slow", "good"} {
 		env.produce("shipments", v, `{"event_id":"`+v+`"}`)
 	}
+	env.produce("shipments", "tombstone", "")
 	env.run(inboxworker.Config{
 		Routes: []inboxworker.Route{{Topic: "shipments", Name: "shipments", Handler: apply, Verify: panicky{},
 			Key: key, Timeout: 200 * time.Millisecond}},
 		Retry: inboxworker.Retry{InitialInterval: 10 * time.Millisecond},
-	}, 7)
+	}, 8)
 
 	want := []string{ // in key order: the messages have keys of their own, and run concurrently
 		"bad-key invalid_payload: not an order",
@@ -127,6 +130,7 @@ func TestTeamFunctions(t *testing.T) {
 		"no-key missing_idempotency_key: no order number",
 		"panic-key handler_error: Route.Key panicked: the key function's bug",
 		"panic-verify bad_signature: Verifier panicked: the verifier's bug",
+		"tombstone invalid_payload: empty value (tombstone): nothing to apply",
 	}
 	got := env.deadLetters("shipments.dlq", len(want))
 	if slices.Sort(got); !slices.Equal(got, want) {
