@@ -38,9 +38,9 @@ type Route struct {
 	// not at either end); a message whose key is not one is dead-lettered InvalidIdempotencyKey,
 	// and one Key panics on HandlerError. An empty value (a tombstone, never an event to apply) is
 	// dead-lettered InvalidPayload before Key sees it. Its verdict must depend on the message
-	// alone. Defaults
-	// to DefaultKey, the worker's contract: a topic whose producers put the key elsewhere (its own
-	// header, a field of its own) names it here, and may fall back on DefaultKey.
+	// alone. Defaults to DefaultKey, the worker's contract: a topic whose producers put the key
+	// elsewhere (its own header, a field of its own) names it here, and may fall back on
+	// DefaultKey.
 	Key func(m Received) (string, error)
 	// CallLease is how long the lease on a key lasts while a call is out: the call gets two thirds
 	// of it, and the last third covers a request the other service may still be working on after
