@@ -51,6 +51,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/startup"
 	"github.com/inboxworker/inboxworker/internal/tracing"
+	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
 // Transactions says how many messages share a transaction.
@@ -655,12 +656,7 @@ func (c *Consumer) startGeneration(stop, hard context.Context, gen *kafka.Genera
 		if d := c.rejoinDelay(time.Since(began)); d > 0 {
 			c.log.Warn("generations of the consumer group end as soon as they begin; waiting before joining again",
 				"generation", gen.ID, "delay", d)
-			t := time.NewTimer(d)
-			defer t.Stop()
-			select {
-			case <-t.C:
-			case <-stop.Done():
-			}
+			_ = wait.Sleep(stop, d)
 		}
 	})
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/tracing"
+	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
 // retrier retries the parked messages of one partition, for the generation that owns it: the due
@@ -200,14 +201,7 @@ func (r *retrier) untilDue(ctx context.Context) (time.Duration, error) {
 
 // sleep waits for d, for a wake-up, for the route's circuit to change, or for ctx to be done.
 func (r *retrier) sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	case <-r.wakeup:
-	case <-r.p.route.gate.changed():
-	}
+	_ = wait.Sleep(ctx, d, r.wakeup, r.p.route.gate.changed())
 }
 
 // retry makes one attempt at m, which the retrier holds, and settles it as the policy decides: it

@@ -178,29 +178,29 @@ func (r *Relay) publish(ctx context.Context) {
 	defer r.release(ctx)
 	var failures int
 	for ctx.Err() == nil {
-		wait, err := r.step(ctx)
+		next, err := r.step(ctx)
 		switch {
 		case err != nil:
 			failures++
 			// Never longer than the lease's renewal interval: a relay waiting out a Kafka outage
 			// still holds the lease, and must renew it rather than lose it to itself.
-			wait = min(retryDelay(failures), renewEvery(r.config.LeaseTTL))
+			next = min(retryDelay(failures), renewEvery(r.config.LeaseTTL))
 			if ctx.Err() == nil && (failures == 1 || failures%10 == 0) {
 				r.log.WarnContext(ctx, "outbox relay: a round failed; trying again", slog.Any("error", err),
-					slog.Int("failures", failures), slog.Duration("retry_in", wait))
+					slog.Int("failures", failures), slog.Duration("retry_in", next))
 			}
-			r.pause(ctx, wait, nil)
+			_ = wait.Sleep(ctx, next)
 			continue
 		case failures > 0:
 			r.log.InfoContext(ctx, "outbox relay: publishing again", slog.Int("failures", failures))
 			failures = 0
 		}
-		if wait > 0 {
+		if next > 0 {
 			var woken <-chan struct{}
 			if r.epoch != 0 {
 				woken = emitted.wait()
 			}
-			r.pause(ctx, wait, woken)
+			_ = wait.Sleep(ctx, next, woken) // woken: events committed in this process
 		}
 	}
 }
@@ -219,17 +219,6 @@ func (r *Relay) step(ctx context.Context) (time.Duration, error) {
 		return r.config.PollInterval, err
 	}
 	return 0, nil
-}
-
-// pause waits d, or until woken (events committed in this process) or ctx is done.
-func (r *Relay) pause(ctx context.Context, d time.Duration, woken <-chan struct{}) {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-	case <-timer.C:
-	case <-woken:
-	}
 }
 
 // retryDelay is the wait after the nth failure in a row: 100ms doubling up to 5s.

@@ -35,6 +35,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/payment"
+	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
 // maxInterval caps the doubling interval between two questions about one order.
@@ -135,7 +136,7 @@ func (r *Reconciler) work(ctx context.Context) {
 			if err != nil && ctx.Err() == nil {
 				r.log.DebugContext(ctx, "cannot look for orders to reconcile", "error", err)
 			}
-			if pause(ctx, r.idle) != nil {
+			if wait.Sleep(ctx, r.idle) != nil {
 				return
 			}
 			continue
@@ -181,16 +182,6 @@ func (r *Reconciler) askAll(ctx context.Context, orders []string, permit consume
 	}
 }
 
-// pause waits d, or until ctx is done.
-func pause(ctx context.Context, d time.Duration) error {
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(d):
-		return nil
-	}
-}
-
 // claimSQL holds the oldest orders due, up to $5, unless another instance holds them: PENDING past
 // RECONCILE_AFTER and not past RECONCILE_MAX_AGE, never asked about or due again. They are read
 // oldest first through the partial index of PENDING orders. SKIP LOCKED keeps instances claiming at
@@ -226,14 +217,14 @@ func (r *Reconciler) claim(ctx context.Context) ([]string, error) {
 // turn waits for this request's turn in the group's schedule.
 func (r *Reconciler) turn(ctx context.Context) error {
 	every := time.Duration(float64(time.Second) / r.cfg.RateLimit)
-	wait, err := r.cfg.Store.BookCalls(ctx, r.cfg.Group, statusHandler, 1, every)
+	in, err := r.cfg.Store.BookCalls(ctx, r.cfg.Group, statusHandler, 1, every)
 	if err != nil {
 		return err
 	}
-	if wait <= 0 {
+	if in <= 0 {
 		return nil
 	}
-	return pause(ctx, wait)
+	return wait.Sleep(ctx, in)
 }
 
 // statusHandler names reconciliation's requests in the group's rate schedule (inbox_call_rates).

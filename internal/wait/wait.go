@@ -39,14 +39,28 @@ func (b Backoff) Delay(n int) time.Duration {
 // maxDoublings is more doublings than any interval takes to reach its maximum.
 const maxDoublings = 64
 
-// Sleep waits d, or until ctx is done, and then returns its cause.
-func Sleep(ctx context.Context, d time.Duration) error {
+// Sleep waits d, or less when one of wake (at most two; a nil one never wakes) is closed or
+// sent on, and returns nil; or until ctx is done, and returns its cause. It is every cancellable
+// wait of the worker's loops.
+func Sleep(ctx context.Context, d time.Duration, wake ...<-chan struct{}) error {
+	var w1, w2 <-chan struct{}
+	switch len(wake) {
+	case 0:
+	case 1:
+		w1 = wake[0]
+	case 2:
+		w1, w2 = wake[0], wake[1]
+	default:
+		panic("wait.Sleep: more than two channels to wake on")
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	case <-t.C:
-		return nil
+	case <-w1:
+	case <-w2:
 	}
+	return nil
 }

@@ -41,4 +41,9 @@ func TestSleep(t *testing.T) {
 	if err := wait.Sleep(ctx, time.Hour); !errors.Is(err, stopped) {
 		t.Errorf("Sleep(cancelled, 1h) = %v, want the context's cause", err)
 	}
+	woke := make(chan struct{})
+	close(woke)
+	if err := wait.Sleep(context.Background(), time.Hour, nil, woke); err != nil {
+		t.Errorf("Sleep(1h) woken = %v, want nil", err)
+	}
 }
