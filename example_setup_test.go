@@ -127,6 +127,7 @@ func (e *exampleEnv) deadLetters(topic string, n int) []string {
 		resp, err := client.Fetch(context.Background(), &kafka.FetchRequest{Topic: topic, Partition: 0,
 			Offset: int64(len(letters)), MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond})
 		if err != nil || resp.Error != nil {
+			time.Sleep(20 * time.Millisecond) // the topic not there yet: no busy loop
 			continue
 		}
 		for r, err := resp.Records.ReadRecord(); err == nil; r, err = resp.Records.ReadRecord() {

@@ -113,9 +113,6 @@ func DefaultKey(m Received) (string, error) {
 // error found, a panic an error.
 func keyFunc(key func(Received) (string, error)) func(kafka.Message) (string, fault.Reason, error) {
 	return func(m kafka.Message) (string, fault.Reason, error) {
-		if len(m.Value) == 0 {
-			return idkey.Of(m) // a tombstone is refused for what it is, whatever Key would say
-		}
 		k, err := unpanic("Route.Key", func() (string, error) { return key(received(m)) })
 		if err != nil {
 			reason := fault.MissingIdempotencyKey

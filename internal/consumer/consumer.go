@@ -135,9 +135,10 @@ type Route struct {
 	// transaction and its handler; a call route's lease, call and completion. An attempt that runs
 	// out of time is retried. Defaults to DefaultTimeout; else from MinTimeout to MaxTimeout.
 	Timeout time.Duration
-	// IdempotencyKey takes a message's idempotency key, or says why it has none (the reason its dead
-	// letter gets). Defaults to idkey.Of, the contract's rule: the Idempotency-Key header, else
-	// X-Idempotent-Key, else webhook-id, else the JSON member event_id.
+	// IdempotencyKey takes a message's idempotency key, or says why it has none (the reason its
+	// dead letter gets); it is never asked of a tombstone, refused before. Defaults to idkey.Of,
+	// the contract's rule: the Idempotency-Key header, else X-Idempotent-Key, else webhook-id, else
+	// the JSON member event_id.
 	IdempotencyKey func(kafka.Message) (string, fault.Reason, error)
 	// Verify, when set, verifies each message before its idempotency key is taken: it returns the
 	// name of the key that verified it (inbox.Delivery.VerifiedBy), or why it does not verify, and

@@ -8,6 +8,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/idkey"
 )
 
 // fetch fetches the partition's messages into out with reader until ctx is done, never more than
@@ -72,7 +73,11 @@ func (p *partition) add(ctx context.Context, r record) {
 		return
 	}
 	e := &entry{msg: m, fetched: time.Now()}
-	if p.route.Verify != nil && len(m.Value) > 0 { // a tombstone is refused for what it is
+	switch {
+	case len(m.Value) == 0:
+		// A tombstone is refused for what it is, whatever the route's Verify and key rule say.
+		e.key, e.reason, e.keyErr = idkey.Of(m)
+	case p.route.Verify != nil:
 		if e.verifiedBy, e.keyErr = p.route.Verify(m); e.keyErr != nil {
 			e.reason = fault.BadSignature
 		}
