@@ -214,8 +214,6 @@ func (l *apiLister) typeSpec(s *ast.TypeSpec) {
 				l.add("type %s interface, %s%s", name, n.Name, l.signature(m.Type.(*ast.FuncType)))
 			}
 		}
-	case *ast.FuncType:
-		l.add("type %s func%s", name, l.signature(t))
 	default:
 		l.add("type %s %s", name, l.expr(s.Type))
 	}
@@ -248,6 +246,9 @@ func (l *apiLister) types(fields *ast.FieldList) string {
 }
 
 func (l *apiLister) expr(e ast.Expr) string {
+	if ft, ok := e.(*ast.FuncType); ok {
+		return "func" + l.signature(ft) // a func-typed field or parameter, its parameters' names left out
+	}
 	var b bytes.Buffer
 	if err := printer.Fprint(&b, l.fset, e); err != nil {
 		panic(err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
 // gate is a route's one admission of work, shared by all its partitions and their retriers. Four
@@ -194,17 +195,20 @@ func (g *gate) notYet() time.Duration {
 
 // sleep waits for d, or until changed is closed; it fails when ctx is done or stopping closed.
 func sleep(ctx context.Context, stopping <-chan struct{}, d time.Duration, changed <-chan struct{}) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
+	if err := wait.Sleep(ctx, d, changed, stopping); err != nil {
+		return err
+	}
+	return stopped(stopping)
+}
+
+// stopped is errStopping once stopping is closed, else nil.
+func stopped(stopping <-chan struct{}) error {
 	select {
-	case <-t.C:
-	case <-changed:
-	case <-ctx.Done():
-		return context.Cause(ctx)
 	case <-stopping:
 		return errStopping
+	default:
+		return nil
 	}
-	return nil
 }
 
 // record tells the circuit what the run of a message of key, started with p, came to, and the

@@ -254,28 +254,12 @@ func (p *partition) await(work, idle context.Context, fetched <-chan record, dra
 	}
 }
 
-func (p *partition) isStopping() bool {
-	select {
-	case <-p.stopping:
-		return true
-	default:
-		return false
-	}
-}
+func (p *partition) isStopping() bool { return stopped(p.stopping) != nil }
 
 // sleep waits for d, or until ctx is done or the consumer begins to stop, in which case it returns
 // why.
 func (p *partition) sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-p.stopping:
-		return errStopping
-	}
+	return sleep(ctx, p.stopping, d, nil)
 }
 
 func offsetAttr(offset int64) any {
