@@ -36,7 +36,9 @@ func (p *partition) apply(ctx context.Context, d *dispatch) settled {
 	}()
 	e := d.entries[0]
 	if crash, ok := crashLooped(d.starts); ok {
-		if p.deadLetterCrashLoop(e.ctx, e, crash, d.starts-1) != nil {
+		// Its handler was started too often without finishing: it ran once per death.
+		f := failure{reason: crash.reason, err: crash.err, attempts: d.starts - 1}
+		if p.finish(e.ctx, ended{msg: e.msg, key: e.key, span: e.span, failure: &f, began: time.Now()}) != nil {
 			return settled{d: d} // the count stays: the next owner dead-letters it without running it
 		}
 		return settled{d: d, finished: 1}
@@ -67,11 +69,7 @@ func (p *partition) applyMessage(ctx context.Context, e *entry, c carried) error
 	began := cmp.Or(c.began, time.Now())
 	log := p.log.With("offset", e.msg.Offset)
 	if e.keyErr != nil {
-		err := p.finish(ctx, e, decision{action: deadLetter, reason: e.reason, err: e.keyErr}, c.h, began, log)
-		if err == nil && e.reason == fault.BadSignature {
-			p.c.metrics.signatureFailed(p.topic, fault.SignatureProblem(e.keyErr))
-		}
-		return err
+		return p.finish(ctx, endOf(e, decision{action: deadLetter, reason: e.reason, err: e.keyErr}, c.h, began, log))
 	}
 	log = log.With("key", e.key)
 	if behind, err := p.parkBehind(ctx, e, log); err != nil || behind {
@@ -100,7 +98,7 @@ func (p *partition) applyMessage(ctx context.Context, e *entry, c carried) error
 		}
 		switch d.action {
 		case finish, deadLetter:
-			return p.finish(ctx, e, d, h, began, log)
+			return p.finish(ctx, endOf(e, d, h, began, log))
 		case park:
 			return p.park(ctx, e, h, d, log)
 		}
@@ -172,25 +170,14 @@ func (p *partition) unitOf(e *entry, number int) unit {
 		produced: e.msg.Time, verifiedBy: e.verifiedBy, number: number}
 }
 
-// finish settles e as d decided, applied, a duplicate or dead-lettered, and counts it.
-func (p *partition) finish(ctx context.Context, e *entry, d decision, h history, began time.Time, log *slog.Logger) error {
-	outcome := string(d.outcome)
+// endOf is e, which d decided after h, as finish takes it: applied, a duplicate or dead-lettered.
+func endOf(e *entry, d decision, h history, began time.Time, log *slog.Logger) ended {
+	m := ended{msg: e.msg, key: e.key, span: e.span, outcome: d.outcome, began: began, log: log}
 	if d.action == deadLetter {
 		f := failureOf(d, h, e.key)
-		if err := p.deadLetter(ctx, e.msg, f, log); err != nil {
-			return err
-		}
-		outcome = outcomeDeadLettered
-		e.span.Fail(string(f.reason), f.err)
+		m.failure = &f
 	}
-	e.span.SetOutcome(outcome)
-	p.c.metrics.finished(p.topic, outcome, time.Since(began))
-	if d.outcome == inbox.Duplicate {
-		log.InfoContext(ctx, "skipped a duplicate: its idempotency key is recorded already")
-	} else {
-		log.DebugContext(ctx, "finished the message", "outcome", outcome)
-	}
-	return nil
+	return m
 }
 
 // failureOf is the dead letter's failure of the message whose key is key, which d dead-lettered

@@ -78,7 +78,7 @@ func (p *partition) applyRun(ctx context.Context, msgs []*entry, hs []history) b
 	g.report(permit, msgs[0].order, r, ctx.Err() != nil)
 	switch {
 	case r.err == nil:
-		return p.settleRun(ctx, msgs, hs, r, began)
+		return p.finishRun(ctx, msgs, hs, r, began)
 	case ctx.Err() != nil:
 		return batchProgress{abandoned: true}
 	case r.failed < 0 || isUnavailable(r.err):
@@ -155,31 +155,23 @@ func (p *partition) transact(ctx context.Context, msgs []*entry, hs []history) r
 	return r
 }
 
-// settleRun settles the messages of a committed batch, in order: it dead-letters those whose key
+// finishRun finishes the messages of a committed batch, in order: it dead-letters those whose key
 // was reused (their handler ran only in batches that failed, as hs counts) and records the
 // metrics. A dead letter it could not write before the work was cancelled or the consumer began to
 // stop abandons the rest: they were applied, and are found duplicates when delivered again.
-func (p *partition) settleRun(ctx context.Context, msgs []*entry, hs []history, r result, began time.Time) batchProgress {
+func (p *partition) finishRun(ctx context.Context, msgs []*entry, hs []history, r result, began time.Time) batchProgress {
 	counts := make(map[inbox.Outcome]int, 3)
 	for i, e := range msgs {
-		outcome := string(r.outcomes[i])
-		switch r.outcomes[i] {
-		case inbox.KeyReused:
-			log := p.log.With("offset", e.msg.Offset, "key", e.key)
+		m := ended{msg: e.msg, key: e.key, span: e.span, outcome: r.outcomes[i], began: began}
+		if r.outcomes[i] == inbox.KeyReused {
 			d := decision{action: deadLetter, reason: fault.IdempotencyKeyReused, err: errKeyReused}
 			f := failureOf(d, hs[i], e.key)
-			if p.deadLetter(e.ctx, e.msg, f, log) != nil {
-				return batchProgress{finished: i, abandoned: true}
-			}
-			outcome = outcomeDeadLettered
-			e.span.Fail(string(f.reason), f.err)
-		case inbox.Duplicate:
-			p.log.InfoContext(ctx, "skipped a duplicate: its idempotency key is recorded already",
-				"offset", e.msg.Offset, "key", e.key)
+			m.failure = &f
 		}
-		e.span.SetOutcome(outcome)
+		if p.finish(e.ctx, m) != nil {
+			return batchProgress{finished: i, abandoned: true}
+		}
 		counts[r.outcomes[i]]++
-		p.c.metrics.finished(p.topic, outcome, time.Since(began))
 	}
 	p.log.DebugContext(ctx, "applied a batch in one transaction",
 		"first_offset", msgs[0].msg.Offset, "last_offset", msgs[len(msgs)-1].msg.Offset, "took", time.Since(began),

@@ -208,38 +208,20 @@ func (g *crashGuard) release(ctx context.Context) {
 	}
 }
 
-// deadLetterCrashLoop dead-letters e, whose handler was started too often without finishing, as
-// crashLooped decided d; the handler ran once per death.
-func (p *partition) deadLetterCrashLoop(ctx context.Context, e *entry, d decision, deaths int) error {
-	log := p.log.With("offset", e.msg.Offset)
-	if err := p.deadLetter(ctx, e.msg, failure{reason: d.reason, err: d.err, attempts: deaths}, log); err != nil {
-		return err
-	}
-	e.span.Fail(string(d.reason), d.err)
-	e.span.SetOutcome(outcomeDeadLettered)
-	p.c.metrics.count(p.topic, outcomeDeadLettered)
-	return nil
-}
-
-// retryDatabase runs fn until it succeeds, waiting between tries. It is for the consumer's own
+// retryDatabase runs fn until it succeeds (see partition.retry). It is for the consumer's own
 // statements, which fail only when the database does: no message is to blame, so there is no retry
-// budget. It fails only when ctx is done or the consumer is stopping.
+// budget; after heldAfterWaits failed tries the route is held until fn succeeds.
 func (p *partition) retryDatabase(ctx context.Context, what string, fn func(context.Context) error) error {
-	for waits := 1; ; waits++ {
-		err := fn(ctx)
-		if err == nil {
-			return nil
+	var release func()
+	defer func() {
+		if release != nil {
+			release()
 		}
-		if ctx.Err() != nil {
-			return context.Cause(ctx)
-		}
+	}()
+	return p.retry(ctx, fn, func(err error, waits int, delay time.Duration) {
 		if waits == heldAfterWaits {
-			defer p.route.gate.awaitDatabase(err)()
+			release = p.route.gate.awaitDatabase(err)
 		}
-		delay := p.route.policy.waitDelay(waits)
 		p.log.Warn("cannot "+what+"; retrying", "delay", delay, "error", err)
-		if err := p.sleep(ctx, delay); err != nil {
-			return err
-		}
-	}
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 	"github.com/inboxworker/inboxworker/internal/testlog"
@@ -232,5 +233,35 @@ func TestCrashLoopOffsetsRestart(t *testing.T) {
 			}
 			checkOnce(t, e, all)
 		}
+	})
+}
+
+// TestCrashLoopInPlace: a message whose range a previous run started as often as a crash loop takes
+// is dead-lettered crash_loop on its next start, without running, and counted as finished with its
+// handle time (the consumer's stop checks that every finished message has one).
+func TestCrashLoopInPlace(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, func(t *testing.T, mode testMode) {
+		e := setup(t, mode, 1)
+		msgs := e.produce("poison", "after")
+		config := e.config(&recorder{})
+		where := inbox.Partition{Group: group, Topic: topic, Partition: 0}
+		died := inbox.StartedRange{First: 0, Last: 0, FirstFingerprint: inbox.Fingerprint(msgs[0].Value)}
+		for range promisedCrashLoopStarts(t) {
+			if _, err := config.Store.StartLog().Record(t.Context(), where, died, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, stop := e.start(config)
+		e.waitFor("both offsets committed", func() bool { return e.committed() == 2 })
+		stop()
+		dead := e.deadLetters()
+		if len(dead) != 1 || kafkatest.Header(dead[0], deadletter.HeaderReason) != string(fault.CrashLoop) {
+			t.Fatalf("%d dead letters, want poison's, crash_loop", len(dead))
+		}
+		if n := outcomes(config, "dead_lettered"); n != 1 {
+			t.Errorf("%v messages counted dead_lettered, want 1", n)
+		}
+		checkOnce(t, e, []string{"after"})
 	})
 }

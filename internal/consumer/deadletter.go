@@ -59,23 +59,23 @@ func (p *partition) deadLetter(ctx context.Context, m kafka.Message, f failure, 
 		Value:   m.Value,
 		Headers: p.c.config.Tracer.Inject(ctx, letter.Headers(m.Headers)),
 	}
-	for waits := 1; ; waits++ {
+	var refusal error // why the topic refused it, for good
+	err := p.retry(ctx, func(ctx context.Context) error {
 		err := p.c.dlq.WriteMessages(ctx, dlq)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return context.Cause(ctx)
-		}
 		if refused(err) {
-			return p.storeDeadLetter(ctx, dlq, letter, err, log)
+			refusal = err
+			return nil
 		}
-		delay := p.route.policy.waitDelay(waits)
+		return err
+	}, func(err error, _ int, delay time.Duration) {
 		log.ErrorContext(ctx, "cannot write the dead letter; the partition waits and tries again",
 			"dlq_topic", dlq.Topic, "reason", f.reason, "delay", delay, "error", err)
-		if err := p.sleep(ctx, delay); err != nil {
-			return err
-		}
+	})
+	switch {
+	case err != nil:
+		return err
+	case refusal != nil:
+		return p.storeDeadLetter(ctx, dlq, letter, refusal, log)
 	}
 	log.WarnContext(ctx, "dead-lettered the message", "dlq_topic", dlq.Topic, "reason", f.reason,
 		"attempts", f.attempts, "error", f.err)
@@ -96,23 +96,18 @@ func (p *partition) storeDeadLetter(ctx context.Context, dlq kafka.Message, lett
 		WriteError: writeErr.Error(),
 	}
 	var id int64
-	for waits := 1; ; waits++ {
+	err := p.retry(ctx, func(ctx context.Context) error {
 		save, cancel := context.WithTimeout(ctx, p.route.Timeout)
+		defer cancel()
 		var err error
 		id, err = p.c.deadLetters.Save(save, stored)
-		cancel()
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return context.Cause(ctx)
-		}
-		delay := p.route.policy.waitDelay(waits)
+		return err
+	}, func(err error, _ int, delay time.Duration) {
 		log.ErrorContext(ctx, "cannot store the dead letter its topic refused; the partition waits and tries again",
 			"dlq_topic", dlq.Topic, "reason", letter.Reason, "delay", delay, "error", inbox.Classify(err))
-		if err := p.sleep(ctx, delay); err != nil {
-			return err
-		}
+	})
+	if err != nil {
+		return err
 	}
 	p.c.metrics.deadLetterStored(p.topic)
 	log.ErrorContext(ctx, "the dead-letter topic refused the dead letter; kept it in the database table "+

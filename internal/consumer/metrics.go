@@ -170,14 +170,6 @@ func (m *Metrics) finished(topic, outcome string, took time.Duration) {
 	m.Handle.WithLabelValues(topic).Observe(took.Seconds())
 }
 
-// count counts a message that finished with outcome without being handled.
-func (m *Metrics) count(topic, outcome string) {
-	if m == nil {
-		return
-	}
-	m.Messages.WithLabelValues(topic, outcome).Inc()
-}
-
 // signatureFailed counts a message of topic dead-lettered bad_signature, for problem.
 func (m *Metrics) signatureFailed(topic, problem string) {
 	if m == nil {

@@ -262,6 +262,28 @@ func (p *partition) sleep(ctx context.Context, d time.Duration) error {
 	return sleep(ctx, p.stopping, d, nil)
 }
 
+// retry runs try until it succeeds, waiting between tries as the route's policy says for a wait
+// that is no message's fault (policy.waitDelay): for the consumer's own writes, which fail only
+// when the database or the brokers do. failed hears of each failed try, its number and the delay
+// before the next, to say so. It returns an error only when ctx is done or the consumer begins to
+// stop.
+func (p *partition) retry(ctx context.Context, try func(context.Context) error, failed func(err error, waits int, delay time.Duration)) error {
+	for waits := 1; ; waits++ {
+		err := try(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		delay := p.route.policy.waitDelay(waits)
+		failed(err, waits, delay)
+		if err := p.sleep(ctx, delay); err != nil {
+			return err
+		}
+	}
+}
+
 func offsetAttr(offset int64) any {
 	switch offset {
 	case kafka.FirstOffset:

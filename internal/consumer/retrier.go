@@ -218,9 +218,7 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 		Headers: fromParked(m).Headers})
 	defer span.End()
 	if crash, ok := crashLooped(starts); ok {
-		span.Fail(string(crash.reason), crash.err)
-		span.SetOutcome(outcomeDeadLettered)
-		r.deadLetterAndRemove(ctx, m, failure{reason: crash.reason, err: crash.err, attempts: m.Attempts}, log)
+		r.deadLetterAndRemove(ctx, m, span, failure{reason: crash.reason, err: crash.err, attempts: m.Attempts}, log)
 		return
 	}
 	g := r.p.route.gate
@@ -252,13 +250,9 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 	}
 	switch d.action {
 	case finish:
-		span.SetOutcome(string(d.outcome))
-		r.leave(ctx, m, string(d.outcome), h.attempts, log)
+		_ = r.leave(ctx, m, r.ended(m, span, d.outcome, h.attempts, log)) // no dead letter: it cannot fail
 	case deadLetter:
-		f := failureOf(d, h, m.IdempotencyKey)
-		span.Fail(string(f.reason), f.err)
-		span.SetOutcome(outcomeDeadLettered)
-		r.deadLetterAndRemove(ctx, m, f, log)
+		r.deadLetterAndRemove(ctx, m, span, failureOf(d, h, m.IdempotencyKey), log)
 	default:
 		span.SetOutcome("parked")
 		r.reschedule(ctx, m, res, d, h, log)
@@ -291,33 +285,46 @@ func (r *retrier) reschedule(ctx context.Context, m inbox.Parked, res result, d 
 // deadLetterAndRemove dead-letters m, then takes it out of the park: the key's next message gets its
 // turn. A dead letter written whose message could not be removed is written again by the next
 // retry: never lost.
-func (r *retrier) deadLetterAndRemove(ctx context.Context, m inbox.Parked, f failure, log *slog.Logger) {
-	if err := r.p.deadLetter(ctx, fromParked(m), f, log); err != nil {
-		if ctx.Err() == nil {
-			log.ErrorContext(ctx, "cannot dead-letter the parked message; it stays parked", "error", err)
-			r.release(ctx, m, r.p.c.config.Retry.InitialInterval, log)
+func (r *retrier) deadLetterAndRemove(ctx context.Context, m inbox.Parked, span tracing.Span, f failure, log *slog.Logger) {
+	end := r.ended(m, span, "", f.attempts, log)
+	end.failure = &f
+	written := false
+	end.removed = func(ctx context.Context) error {
+		written = true
+		err := r.p.c.config.Store.Park().Remove(ctx, m)
+		if err != nil {
+			r.settleFailed(ctx, "remove the dead-lettered message from the park", err, log)
 		}
-		return
+		return err
 	}
-	if err := r.p.c.config.Store.Park().Remove(ctx, m); err != nil {
-		r.settleFailed(ctx, "remove the dead-lettered message from the park", err, log)
-		return
+	if err := r.leave(ctx, m, end); err != nil && !written && ctx.Err() == nil {
+		log.ErrorContext(ctx, "cannot dead-letter the parked message; it stays parked", "error", err)
+		r.release(ctx, m, r.p.c.config.Retry.InitialInterval, log)
 	}
-	r.leave(ctx, m, outcomeDeadLettered, f.attempts, log)
 }
 
-// leave records that m left the park with outcome, and how long it took from its first failure
-// (from when it was parked, for one parked behind its key's head without having run).
-func (r *retrier) leave(ctx context.Context, m inbox.Parked, outcome string, attempts int, log *slog.Logger) {
+// ended is m, which left the park with outcome after attempts, as finish takes it: its handle time
+// counts from its first failure (from when it was parked, for one parked behind its key's head
+// without having run).
+func (r *retrier) ended(m inbox.Parked, span tracing.Span, outcome inbox.Outcome, attempts int, log *slog.Logger) ended {
+	return ended{msg: fromParked(m), key: m.IdempotencyKey, span: span, outcome: outcome,
+		began: cmp.Or(m.FirstFailedAt, m.ParkedAt), log: log, parked: true, parkedAt: m.ParkedAt, attempts: attempts}
+}
+
+// leave finishes m, which left the park as end says, and frees its key for its next parked message.
+// It returns finish's error: nothing of m is recorded then.
+func (r *retrier) leave(ctx context.Context, m inbox.Parked, end ended) error {
+	if err := r.p.finish(ctx, end); err != nil {
+		return err
+	}
 	r.outages.Store(0)
-	r.p.c.metrics.finished(r.p.topic, outcome, time.Since(cmp.Or(m.FirstFailedAt, m.ParkedAt)))
-	log.InfoContext(ctx, "unparked the message", "outcome", outcome, "attempts", attempts,
-		"parked_for", time.Since(m.ParkedAt).Round(time.Millisecond))
 	if err := r.p.parked.left(ctx, m.OrderingKey); err != nil && ctx.Err() == nil {
 		// The key stays marked: its next message is parked behind, where it waits no longer than
 		// a look at the park.
+		log := end.logger(r.p)
 		log.WarnContext(ctx, "cannot tell whether the key has more messages parked", "error", err)
 	}
+	return nil
 }
 
 // release gives m's hold back, due in retryIn, nothing charged.

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
@@ -218,10 +219,54 @@ func (e *env) start(config consumer.Config) (c *consumer.Consumer, stop func()) 
 			if err := <-done; err != nil {
 				e.t.Errorf("Run: %v", err)
 			}
+			checkHandleTimed(e.t, config.Metrics)
 		})
 	}
 	e.t.Cleanup(stop)
 	return c, stop
+}
+
+// checkHandleTimed fails t unless every message m counted as finished has its handle time observed
+// once, topic by topic: whichever executor finished it, it ended in one place.
+func checkHandleTimed(t testing.TB, m *consumer.Metrics) {
+	t.Helper()
+	counted, timed := map[string]float64{}, map[string]uint64{}
+	for _, c := range collect(t, m.Messages) {
+		counted[label(c, "topic")] += c.GetCounter().GetValue()
+	}
+	for _, h := range collect(t, m.Handle) {
+		timed[label(h, "topic")] += h.GetHistogram().GetSampleCount()
+	}
+	for topic, n := range counted {
+		if uint64(n) != timed[topic] {
+			t.Errorf("topic %s: %v messages finished, %d handle times observed", topic, n, timed[topic])
+		}
+	}
+}
+
+// collect is what c holds, a series each.
+func collect(t testing.TB, c prometheus.Collector) []*dto.Metric {
+	ch := make(chan prometheus.Metric, 64)
+	go func() { c.Collect(ch); close(ch) }()
+	var out []*dto.Metric
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, &d)
+	}
+	return out
+}
+
+// label is the value of m's label name.
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
 }
 
 // produce writes messages with the given idempotency keys (as event_id in JSON values) and returns
