@@ -53,12 +53,8 @@ func (p *partition) deadLetter(ctx context.Context, m kafka.Message, f failure, 
 		FailedAt:  time.Now(),
 		Produced:  m.Time,
 	}
-	dlq := kafka.Message{
-		Topic:   p.topic + p.c.config.DLQSuffix,
-		Key:     m.Key,
-		Value:   m.Value,
-		Headers: p.c.config.Tracer.Inject(ctx, letter.Headers(m.Headers)),
-	}
+	dlq := letter.Message(p.c.config.DLQSuffix, m)
+	dlq.Headers = p.c.config.Tracer.Inject(ctx, dlq.Headers)
 	var refusal error // why the topic refused it, for good
 	err := p.retry(ctx, func(ctx context.Context) error {
 		err := p.c.dlq.WriteMessages(ctx, dlq)

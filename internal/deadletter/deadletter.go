@@ -104,6 +104,13 @@ func (l Letter) Headers(original []kafka.Header) []kafka.Header {
 	return headers
 }
 
+// Message is the dead letter of m, the message l describes, for the dead-letter topic of l.Topic,
+// named with suffix (DLQ_SUFFIX): m's key and value, and its headers with l's (see Letter.Headers).
+// The consumer and worker parked build their dead letters here.
+func (l Letter) Message(suffix string, m kafka.Message) kafka.Message {
+	return kafka.Message{Topic: l.Topic + suffix, Key: m.Key, Value: m.Value, Headers: l.Headers(m.Headers)}
+}
+
 // Read reads a dead letter's headers back: the Letter they describe, and the original message's
 // headers (copies, less the dlq-* ones), in order. Header names are matched in any case. A missing or
 // malformed header leaves its field zero: a dead letter written by hand, or by an older worker, is

@@ -60,6 +60,24 @@ func TestHeaders(t *testing.T) {
 	}
 }
 
+// TestMessage: a dead letter goes to its topic's dead-letter topic with the original key and value,
+// and reads back as the letter and the original headers.
+func TestMessage(t *testing.T) {
+	original := kafka.Message{Topic: "ignored", Key: []byte("order-7"), Value: []byte(`{"id":1}`),
+		Headers: []kafka.Header{{Key: "traceparent", Value: []byte("00-x")}, {Key: "DLQ-Reason", Value: []byte("old")}}}
+	m := letter.Message(".dlq", original)
+	if m.Topic != "payments.callbacks.dlq" || string(m.Key) != "order-7" || string(m.Value) != `{"id":1}` {
+		t.Errorf("dead letter to %q, key %q, value %q; want payments.callbacks.dlq, the original's", m.Topic, m.Key, m.Value)
+	}
+	got, headers := deadletter.Read(m.Headers)
+	if !got.FailedAt.Equal(letter.FailedAt) || got.Reason != letter.Reason || got.Offset != letter.Offset {
+		t.Errorf("read back %+v, want %+v", got, letter)
+	}
+	if len(headers) != 1 || headers[0].Key != "traceparent" {
+		t.Errorf("original headers %v, want traceparent alone (an earlier dead-lettering's taken off)", headers)
+	}
+}
+
 func TestReadLenient(t *testing.T) {
 	t.Parallel()
 	got, rest := deadletter.Read([]kafka.Header{

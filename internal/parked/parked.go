@@ -350,5 +350,5 @@ func deadLetterOf(p inbox.Parked, dlqSuffix, why string, at time.Time) kafka.Mes
 		FailedAt:  at,
 		Produced:  p.Produced,
 	}
-	return kafka.Message{Topic: p.Topic + dlqSuffix, Key: p.MessageKey, Value: p.Value, Headers: letter.Headers(headers)}
+	return letter.Message(dlqSuffix, kafka.Message{Key: p.MessageKey, Value: p.Value, Headers: headers})
 }
