@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxworker/inboxworker/internal/consumer"
+	"github.com/inboxworker/inboxworker/internal/gate"
 )
 
 // TestKillSwitchCircuit: a kill switch's After counts both the failures in a row and the fewest a
@@ -13,11 +13,11 @@ func TestKillSwitchCircuit(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
 		in   KillSwitch
-		want consumer.CircuitConfig
+		want gate.CircuitConfig
 	}{
-		{KillSwitch{}, consumer.CircuitConfig{}},
+		{KillSwitch{}, gate.CircuitConfig{}},
 		{KillSwitch{After: 5, Rate: 0.2, MaxProbeInterval: time.Minute},
-			consumer.CircuitConfig{ConsecutiveFailures: 5, MinFailures: 5, FailureRate: 0.2, MaxProbeInterval: time.Minute}},
+			gate.CircuitConfig{ConsecutiveFailures: 5, MinFailures: 5, FailureRate: 0.2, MaxProbeInterval: time.Minute}},
 	} {
 		got, err := tt.in.circuit()
 		if err != nil || got.MinKeys != 3 || got.ConsecutiveFailures != tt.want.ConsecutiveFailures || got.MinFailures != tt.want.MinFailures ||

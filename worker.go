@@ -18,6 +18,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
+	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/outbox"
 	"github.com/inboxworker/inboxworker/internal/tracing"
@@ -129,17 +130,17 @@ type KillSwitch struct {
 const minKeys = 3
 
 // circuit returns the consumer's configuration of k, or an error naming its first invalid field.
-func (k KillSwitch) circuit() (consumer.CircuitConfig, error) {
+func (k KillSwitch) circuit() (gate.CircuitConfig, error) {
 	switch {
 	case k.After < 0 || k.After > 0 && k.After < minKeys:
 		// Fewer would promise fewer dead letters than the failures of minKeys keys.
-		return consumer.CircuitConfig{}, fmt.Errorf("Config.KillSwitch.After must be at least %d, got %d", minKeys, k.After)
+		return gate.CircuitConfig{}, fmt.Errorf("Config.KillSwitch.After must be at least %d, got %d", minKeys, k.After)
 	case k.Rate < 0 || k.Rate > 1:
-		return consumer.CircuitConfig{}, fmt.Errorf("Config.KillSwitch.Rate must be from 0 to 1, got %g", k.Rate)
+		return gate.CircuitConfig{}, fmt.Errorf("Config.KillSwitch.Rate must be from 0 to 1, got %g", k.Rate)
 	case k.MaxProbeInterval != 0 && k.MaxProbeInterval < time.Second:
-		return consumer.CircuitConfig{}, fmt.Errorf("Config.KillSwitch.MaxProbeInterval must be at least 1s, got %s", k.MaxProbeInterval)
+		return gate.CircuitConfig{}, fmt.Errorf("Config.KillSwitch.MaxProbeInterval must be at least 1s, got %s", k.MaxProbeInterval)
 	}
-	return consumer.CircuitConfig{ConsecutiveFailures: k.After, MinFailures: k.After, MinKeys: minKeys,
+	return gate.CircuitConfig{ConsecutiveFailures: k.After, MinFailures: k.After, MinKeys: minKeys,
 		FailureRate: k.Rate, MaxProbeInterval: k.MaxProbeInterval}, nil
 }
 

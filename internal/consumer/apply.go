@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/tracing"
 )
@@ -90,11 +91,11 @@ func (p *partition) applyMessage(ctx context.Context, e *entry, c carried) error
 			}
 			r = &got
 		}
-		d := p.route.policy.decide(h, *r, routeView{open: p.route.gate.open()})
+		d := p.route.policy.decide(h, *r, routeView{open: p.route.gate.Open()})
 		h = h.next(*r, d, time.Now())
 		db.track(d, h)
 		if d.throttle > 0 {
-			p.route.gate.throttle(d.throttle)
+			p.route.gate.Throttle(d.throttle)
 		}
 		switch d.action {
 		case finish, deadLetter:
@@ -110,17 +111,17 @@ func (p *partition) applyMessage(ctx context.Context, e *entry, c carried) error
 }
 
 // databaseWait tells a route's gate when a message retried in place has waited for the database
-// long enough (heldAfterWaits) to hold the route, and when it no longer waits.
+// long enough (gate.HeldAfterWaits) to hold the route, and when it no longer waits.
 type databaseWait struct {
-	gate    *gate
+	gate    *gate.Gate
 	release func() // set while the message holds the route
 }
 
 // track follows the message's decision d, its history h.
 func (w *databaseWait) track(d decision, h history) {
 	switch {
-	case d.wait == waitDatabase && w.release == nil && h.waits >= heldAfterWaits:
-		w.release = w.gate.awaitDatabase(d.err)
+	case d.wait == waitDatabase && w.release == nil && h.waits >= gate.HeldAfterWaits:
+		w.release = w.gate.AwaitDatabase(d.err)
 	case d.wait != waitDatabase:
 		w.end()
 	}
@@ -139,7 +140,7 @@ func (w *databaseWait) end() {
 // meanwhile and the route parks; it fails only when ctx is done or the consumer begins to stop.
 func (p *partition) attemptInPlace(ctx context.Context, e *entry, a attempt, h history) (_ result, parkNow bool, _ error) {
 	g := p.route.gate
-	permit, ok, err := g.permitFor(ctx, p.stopping, p.parksWhilePaused)
+	permit, ok, err := g.PermitFor(ctx, p.stopping, p.parksWhilePaused)
 	switch {
 	case err != nil:
 		return result{}, false, err
@@ -148,7 +149,7 @@ func (p *partition) attemptInPlace(ctx context.Context, e *entry, a attempt, h h
 	}
 	a.units[0].number = h.attempts + 1
 	r := p.route.run(ctx, a)
-	g.report(permit, e.order, r, ctx.Err() != nil)
+	report(g, permit, e.order, r, ctx.Err() != nil)
 	if ctx.Err() != nil {
 		return result{}, false, context.Cause(ctx)
 	}
@@ -157,7 +158,7 @@ func (p *partition) attemptInPlace(ctx context.Context, e *entry, a attempt, h h
 
 // parksWhilePaused reports whether a message of the partition that would start now parks rather
 // than wait: its route parks, and its circuit has it paused.
-func (p *partition) parksWhilePaused() bool { return p.parked != nil && !p.route.gate.open() }
+func (p *partition) parksWhilePaused() bool { return p.parked != nil && !p.route.gate.Open() }
 
 // attemptOf is an attempt at e alone.
 func (p *partition) attemptOf(e *entry, log *slog.Logger) attempt {
@@ -210,7 +211,7 @@ func (p *partition) logRetry(ctx context.Context, d decision, h history, log *sl
 // included) that is not about the data the message carries — Postgres's told by their SQLSTATE,
 // others by their Go type. Such refusals, at a high rate, trip the route's circuit (the kill
 // switch): they hold the route's messages instead of dead-lettering them all. (A read-only
-// database is no refusal but an outage, which every message waits out: see gate.awaitDatabase.)
+// database is no refusal but an outage, which every message waits out: see gate.Gate.AwaitDatabase.)
 func refusalOf(err error) (class string, ok bool) {
 	if err == nil {
 		return "", false
@@ -253,26 +254,41 @@ func innermost(err error) error {
 	}
 }
 
+// report tells g what the run of permit p, of ordering key key, came to: r, or nothing when the run
+// was abandoned (its context ended, or its parked message's hold was lost). A refusal that would
+// meet any message is counted by its class (see refusalOf).
+func report(g *gate.Gate, p gate.Permit, key string, r result, abandoned bool) {
+	if abandoned {
+		g.Record(p, key, gate.SignalNone)
+		return
+	}
+	if class, ok := refusalOf(r.err); ok {
+		g.RecordRefused(p, key, class)
+		return
+	}
+	g.Record(p, key, signalOf(r))
+}
+
 // signalOf is what the attempt that came to r tells the route's circuit of its dependency. A
 // retryable error with a reason of its own (an order that does not exist yet) is the message's
 // wait, a key leased by another call is that call's, and the database's outage the consumer's.
 // A message its handler declined (an SMS past its validity), or whose call did not go out
 // (inbox.ErrNotCalled), did not call the dependency.
-func signalOf(r result) signal {
+func signalOf(r result) gate.Signal {
 	if r.err == nil {
 		if len(r.outcomes) == 1 && r.outcomes[0].Declined() {
-			return signalNotCalled
+			return gate.SignalNotCalled
 		}
-		return signalAnswered
+		return gate.SignalAnswered
 	}
 	kind, reason, _ := fault.Classify(r.err)
 	switch {
 	case errors.Is(r.err, inbox.ErrNotCalled):
-		return signalNotCalled
+		return gate.SignalNotCalled
 	case kind == fault.KindPermanent:
-		return signalAnswered
+		return gate.SignalAnswered
 	case kind == fault.KindRetryable && reason == fault.RetriesExhausted && !errors.Is(r.err, inbox.ErrLeaseHeld):
-		return signalFailed
+		return gate.SignalFailed
 	}
-	return signalNone
+	return gate.SignalNone
 }

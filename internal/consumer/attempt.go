@@ -81,7 +81,7 @@ func (r result) one(i int) result {
 func (rt *route) run(work context.Context, a attempt) result {
 	ctx, cancel := context.WithTimeout(work, rt.Timeout)
 	defer cancel()
-	began, pausedBefore := time.Now(), rt.gate.paused()
+	began, pausedBefore := time.Now(), rt.gate.PausedTotal()
 	r := result{failed: -1, ran: make([]int, len(a.units))}
 	switch {
 	case rt.Call != nil:
@@ -100,7 +100,7 @@ func (rt *route) run(work context.Context, a attempt) result {
 			r.failed = 0
 		}
 	}
-	r.took = max(time.Since(began)-(rt.gate.paused()-pausedBefore), 0)
+	r.took = max(time.Since(began)-(rt.gate.PausedTotal()-pausedBefore), 0)
 	return r
 }
 
@@ -205,7 +205,7 @@ func (rt *route) call(ctx context.Context, a attempt, r *result) ([]inbox.Outcom
 			defer recoverHandler(ctx, a.log, &err)
 			d := d
 			d.Attempt = max(d.Attempt, calls)
-			if err := rt.gate.takeTurn(ctx); err != nil {
+			if err := rt.gate.TakeTurn(ctx); err != nil {
 				return nil, err
 			}
 			complete, err := rt.Call.Call(ctx, d)

@@ -66,7 +66,7 @@ type batchProgress struct {
 // the first one that failed in it to a finished state (see applyBatch).
 func (p *partition) applyRun(ctx context.Context, msgs []*entry, hs []history) batchProgress {
 	g := p.route.gate
-	permit, ok, err := g.permitFor(ctx, p.stopping, p.parksWhilePaused)
+	permit, ok, err := g.PermitFor(ctx, p.stopping, p.parksWhilePaused)
 	switch {
 	case err != nil:
 		return batchProgress{abandoned: true}
@@ -75,7 +75,7 @@ func (p *partition) applyRun(ctx context.Context, msgs []*entry, hs []history) b
 	}
 	began := time.Now()
 	r := p.transact(ctx, msgs, hs)
-	g.report(permit, msgs[0].order, r, ctx.Err() != nil)
+	report(g, permit, msgs[0].order, r, ctx.Err() != nil)
 	switch {
 	case r.err == nil:
 		return p.finishRun(ctx, msgs, hs, r, began)

@@ -22,6 +22,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/idkey"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
@@ -462,7 +463,7 @@ func TestOutageTripsBeforeBudgets(t *testing.T) {
 	config := e.callConfig(h)
 	config.Routes[0].Concurrency = 128
 	config.Retry.MaxElapsed, config.ParkAfter = 3*time.Second, 5*time.Second
-	config.Circuit = consumer.CircuitConfig{ProbeInterval: 200 * time.Millisecond, MaxProbeInterval: time.Second}
+	config.Circuit = gate.CircuitConfig{ProbeInterval: 200 * time.Millisecond, MaxProbeInterval: time.Second}
 	all := keys("sms", 40)
 	e.start(config)
 	// A trickle, as events come: the first failures are of the first one or two keys only.
@@ -506,7 +507,7 @@ func TestSlowStartThroughAnOutage(t *testing.T) {
 	parkSoon(&config)
 	config.Routes[0].Concurrency = 128
 	config.Retry.MaxElapsed = time.Minute
-	config.Circuit = consumer.CircuitConfig{} // the probes of a deployment: 1s, then 2s, 4s
+	config.Circuit = gate.CircuitConfig{} // the probes of a deployment: 1s, then 2s, 4s
 	all := keys("sms", 400)
 	e.produce(all...)
 	e.start(config)

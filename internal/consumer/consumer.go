@@ -20,7 +20,7 @@
 // A message whose retryable error outlasts Config.ParkAfter in place is parked (inbox.Store.Park),
 // with every later message of its key behind it, so that its partition goes on; a retrier per owned
 // partition retries the parked heads in key order (retrier.go). Each route has an outage circuit
-// (circuit.go) that pauses it while its failures look like an outage of its dependency: nothing of it
+// (package gate) that pauses it while its failures look like an outage of its dependency: nothing of it
 // starts but a probe, and no message's retry budget is charged.
 //
 // consumer does not decide what an error means (package fault does), holds no SQL (package inbox
@@ -47,6 +47,7 @@ import (
 	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/idkey"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/startup"
@@ -149,7 +150,7 @@ type Route struct {
 	// at once, each in its transaction; a message waiting to be retried keeps its place. A batch
 	// applied in one transaction counts once. It keeps a provider, or the database pool, from being
 	// overwhelmed. Defaults to 4: a route that does not say is taken for a database-only one, about
-	// a transaction per connection of a small pool. A call route's starts slowly (see slots).
+	// a transaction per connection of a small pool. A call route's starts slowly (see gate.Config).
 	Concurrency int
 	// RateLimit is the most calls per second of a call route, for the whole consumer group: its
 	// instances book each call's turn in a schedule they share in the database (Store), one per
@@ -229,9 +230,9 @@ type Config struct {
 	// route (Route.Timeout). Defaults to twice the longest.
 	ParkLease time.Duration
 	// Circuit configures the outage circuit of each route, which pauses the route while its failures
-	// look like an outage of its dependency (see CircuitConfig); the zero value takes its defaults.
+	// look like an outage of its dependency (see gate.CircuitConfig); the zero value takes its defaults.
 	// Its OnChange is the consumer's own.
-	Circuit CircuitConfig
+	Circuit gate.CircuitConfig
 	// ShutdownTimeout is how long Run lets in-flight messages finish once its context is cancelled;
 	// then their work is cancelled and rolled back. Defaults to 30s.
 	ShutdownTimeout time.Duration

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -210,7 +211,7 @@ func (g *crashGuard) release(ctx context.Context) {
 
 // retryDatabase runs fn until it succeeds (see partition.retry). It is for the consumer's own
 // statements, which fail only when the database does: no message is to blame, so there is no retry
-// budget; after heldAfterWaits failed tries the route is held until fn succeeds.
+// budget; after gate.HeldAfterWaits failed tries the route is held until fn succeeds.
 func (p *partition) retryDatabase(ctx context.Context, what string, fn func(context.Context) error) error {
 	var release func()
 	defer func() {
@@ -219,8 +220,8 @@ func (p *partition) retryDatabase(ctx context.Context, what string, fn func(cont
 		}
 	}()
 	return p.retry(ctx, fn, func(err error, waits int, delay time.Duration) {
-		if waits == heldAfterWaits {
-			release = p.route.gate.awaitDatabase(err)
+		if waits == gate.HeldAfterWaits {
+			release = p.route.gate.AwaitDatabase(err)
 		}
 		p.log.Warn("cannot "+what+"; retrying", "delay", delay, "error", err)
 	})

@@ -1,6 +1,8 @@
 package consumer
 
-import "time"
+import (
+	"time"
+)
 
 // SetBeforeOffsetCommit makes f run before each of c's offset commits, with the offset about to be
 // committed. Set it before c runs: a crash test's child process uses it to die at that exact point.
@@ -14,7 +16,7 @@ func SetBeforeOffsetCommit(c *Consumer, f func(topic string, partition int, offs
 func SetBeforeAwait(c *Consumer, f func(partition int, wantsSlot bool, untilFree func())) {
 	c.beforeAwait = func(p *partition) {
 		f(p.id, p.wantsSlot, func() {
-			for p.route.gate.full() {
+			for p.route.gate.Free() == 0 {
 				time.Sleep(time.Millisecond)
 			}
 		})

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -36,7 +37,7 @@ type Metrics struct {
 	SignatureFailures *prometheus.CounterVec // inboxworker_signature_failures_total{topic,reason}
 	// CommitFailures counts the offset commits that failed (see commit.go).
 	CommitFailures *prometheus.CounterVec // inboxworker_offset_commit_failures_total{topic}
-	// The route gates' slots and pace (see gate.go).
+	// The route gates' slots and pace (package gate).
 	ConcurrencyLimit *prometheus.GaugeVec   // inboxworker_route_concurrency_limit{topic}
 	RateLimit        *prometheus.GaugeVec   // inboxworker_route_rate_limit{topic}
 	RateWaits        *prometheus.CounterVec // inboxworker_route_rate_waits_total{topic}
@@ -145,7 +146,7 @@ func (m *Metrics) initSeries(topics []string) {
 		m.ConcurrencyLimit.WithLabelValues(topic)
 		m.RateLimit.WithLabelValues(topic)
 		m.RateWaits.WithLabelValues(topic)
-		for _, reason := range pauseReasons {
+		for _, reason := range gate.PauseReasons {
 			m.Paused.WithLabelValues(topic, reason)
 			m.Pauses.WithLabelValues(topic, reason)
 		}
@@ -213,8 +214,8 @@ func (m *Metrics) deleteLag(topic string, partition int) {
 	m.TransactionOpen.DeleteLabelValues(topic, p)
 }
 
-// setPaused sets the route_paused gauge of topic for reason.
-func (m *Metrics) setPaused(topic, reason string, paused bool) {
+// SetPaused sets the route_paused gauge of topic for reason.
+func (m *Metrics) SetPaused(topic, reason string, paused bool) {
 	if m == nil {
 		return
 	}
@@ -225,8 +226,8 @@ func (m *Metrics) setPaused(topic, reason string, paused bool) {
 	m.Paused.WithLabelValues(topic, reason).Set(v)
 }
 
-// countPause counts a pause of topic's route for reason.
-func (m *Metrics) countPause(topic, reason string) {
+// CountPause counts a pause of topic's route for reason.
+func (m *Metrics) CountPause(topic, reason string) {
 	if m == nil {
 		return
 	}
@@ -274,24 +275,24 @@ func (m *Metrics) assigned(topics []string, assignments map[string][]int) {
 	}
 }
 
-// setConcurrency sets the concurrency limit gauge of topic.
-func (m *Metrics) setConcurrency(topic string, limit int) {
+// SetConcurrency sets the concurrency limit gauge of topic.
+func (m *Metrics) SetConcurrency(topic string, limit int) {
 	if m == nil {
 		return
 	}
 	m.ConcurrencyLimit.WithLabelValues(topic).Set(float64(limit))
 }
 
-// setRate sets the rate limit gauge of topic, in calls per second.
-func (m *Metrics) setRate(topic string, perSecond float64) {
+// SetRate sets the rate limit gauge of topic, in calls per second.
+func (m *Metrics) SetRate(topic string, perSecond float64) {
 	if m == nil {
 		return
 	}
 	m.RateLimit.WithLabelValues(topic).Set(perSecond)
 }
 
-// waitedForRate counts a call of topic that waited for its turn under its rate limit.
-func (m *Metrics) waitedForRate(topic string) {
+// WaitedForRate counts a call of topic that waited for its turn under its rate limit.
+func (m *Metrics) WaitedForRate(topic string) {
 	if m == nil {
 		return
 	}

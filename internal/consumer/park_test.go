@@ -17,6 +17,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 )
@@ -344,7 +345,7 @@ func TestProviderOutagePausesRoute(t *testing.T) {
 	config.ParkAfter = 100 * time.Millisecond
 	config.Retry = consumer.Retry{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond,
 		MaxElapsed: time.Second}
-	config.Circuit = consumer.CircuitConfig{ProbeInterval: 20 * time.Millisecond, MaxProbeInterval: 200 * time.Millisecond}
+	config.Circuit = gate.CircuitConfig{ProbeInterval: 20 * time.Millisecond, MaxProbeInterval: 200 * time.Millisecond}
 	h.down.Store(true)
 
 	var all []string
@@ -521,7 +522,7 @@ func TestPoisonKeysResume(t *testing.T) {
 		parkSoon(&config)
 		config.Retry = consumer.Retry{InitialInterval: time.Millisecond, MaxInterval: 10 * time.Millisecond,
 			MaxElapsed: 500 * time.Millisecond}
-		config.Circuit = consumer.CircuitConfig{ConsecutiveFailures: 5, MinKeys: 3,
+		config.Circuit = gate.CircuitConfig{ConsecutiveFailures: 5, MinKeys: 3,
 			ProbeInterval: 20 * time.Millisecond, MaxProbeInterval: 100 * time.Millisecond}
 		e.produce("poison-a", "poison-b", "poison-c")
 		e.start(config)

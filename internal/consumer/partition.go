@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -10,11 +9,14 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/tracing"
+	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
-// errStopping is the cause of the end of fetching and waiting once Run's context is cancelled.
-var errStopping = errors.New("consumer: stopping")
+// errStopping is the cause of the end of fetching and waiting once Run's context is cancelled; the
+// gate's, whose waits for a permit end with it too.
+var errStopping = gate.ErrStopping
 
 // commitInterval is the least time between two offset commits of a busy partition: messages
 // finishing one by one at hundreds a second share a commit instead of costing one each. A partition
@@ -259,7 +261,10 @@ func (p *partition) isStopping() bool { return stopped(p.stopping) != nil }
 // sleep waits for d, or until ctx is done or the consumer begins to stop, in which case it returns
 // why.
 func (p *partition) sleep(ctx context.Context, d time.Duration) error {
-	return sleep(ctx, p.stopping, d, nil)
+	if err := wait.Sleep(ctx, d, p.stopping); err != nil {
+		return err
+	}
+	return stopped(p.stopping)
 }
 
 // retry runs try until it succeeds, waiting between tries as the route's policy says for a wait
@@ -281,6 +286,16 @@ func (p *partition) retry(ctx context.Context, try func(context.Context) error, 
 		if err := p.sleep(ctx, delay); err != nil {
 			return err
 		}
+	}
+}
+
+// stopped is errStopping once stopping is closed, else nil.
+func stopped(stopping <-chan struct{}) error {
+	select {
+	case <-stopping:
+		return errStopping
+	default:
+		return nil
 	}
 }
 

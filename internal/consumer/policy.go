@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/wait"
 )
@@ -142,7 +143,7 @@ func (p policy) decide(h history, r result, route routeView) decision {
 		return p.later(h, decision{reason: h.reason, err: r.err, wait: waitLease, delay: p.waitDelay(h.waits + 1)})
 	case !route.open:
 		return p.later(h, decision{reason: reason, err: r.err, wait: waitRoute})
-	case errors.Is(r.err, errPaced):
+	case errors.Is(r.err, gate.ErrPaced):
 		// A backlog under the rate limit waits for its turn where it is: it is not parked (nothing
 		// is failing), and a parked message waits in the park.
 		d := decision{action: retry, reason: reason, err: r.err, wait: waitRate, delay: retryAfter}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -27,7 +28,7 @@ func TestDecide(t *testing.T) {
 	unknownOrder := fault.RetryableUntil(reasonUnknownOrder, errors.New("no order A-1"))
 	leaseHeld := fmt.Errorf("%w (another worker, for 14s more)", inbox.ErrLeaseHeld)
 	leaseHeld = &fault.Error{Kind: fault.KindRetryable, RetryAfter: 14 * time.Second, Err: leaseHeld}
-	paced := fault.RetryableAfter(fmt.Errorf("%w: %w", inbox.ErrNotCalled, errPaced), 3*time.Second)
+	paced := fault.RetryableAfter(fmt.Errorf("%w: %w", inbox.ErrNotCalled, gate.ErrPaced), 3*time.Second)
 	revoked := fmt.Errorf("inbox: claim: %w", &pgconn.PgError{Code: "42501", Message: "permission denied for table inbox"})
 	duplicateRow := fmt.Errorf("payment: %w", &pgconn.PgError{Code: "23505"})
 	open, paused := routeView{open: true}, routeView{open: false}
@@ -92,7 +93,7 @@ func TestDecide(t *testing.T) {
 				charge: 1100 * time.Millisecond, throttle: maxThrottle}},
 		// A failure while the circuit has the route paused is the outage's: parked at once, charged
 		// nothing; in place with ByPartition, once the route lets it.
-		{name: "RoutePaused", h: history{attempts: 2, spent: 3 * time.Second}, r: ran(retryable), route: paused,
+		{name: "gate.RoutePaused", h: history{attempts: 2, spent: 3 * time.Second}, r: ran(retryable), route: paused,
 			want: decision{action: park, reason: fault.RetriesExhausted, wait: waitRoute}},
 		{name: "RoutePausedByPartition", policy: byPartition, r: ran(retryable), route: paused,
 			want: decision{action: retry, reason: fault.RetriesExhausted, wait: waitRoute}},

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/tracing"
 	"github.com/inboxworker/inboxworker/internal/wait"
@@ -145,13 +146,13 @@ func (r *retrier) run(idle, work context.Context) {
 // long to wait before asking again.
 func (r *retrier) mayTake() (limit int, probe bool, wait time.Duration) {
 	g := r.p.route.gate
-	switch admission, wait := g.admit(); admission {
-	case admitNone:
+	switch admission, wait := g.Admit(); admission {
+	case gate.AdmitNone:
 		return 0, false, cmp.Or(wait, r.poll)
-	case admitProbe:
+	case gate.AdmitProbe:
 		return probeCandidates, true, 0
 	}
-	return min(max(g.slots.free(), 1), retryBatch), false, 0
+	return min(max(g.Free(), 1), retryBatch), false, 0
 }
 
 // pickProbe keeps one of taken to probe the paused route with — of a key whose failures did not
@@ -159,7 +160,7 @@ func (r *retrier) mayTake() (limit int, probe bool, wait time.Duration) {
 func (r *retrier) pickProbe(ctx context.Context, taken []inbox.Parked) []inbox.Parked {
 	pick := 0
 	for i, m := range taken {
-		if !r.p.route.gate.tripped(string(m.OrderingKey)) {
+		if !r.p.route.gate.Tripped(string(m.OrderingKey)) {
 			pick = i
 			break
 		}
@@ -175,13 +176,13 @@ func (r *retrier) pickProbe(ctx context.Context, taken []inbox.Parked) []inbox.P
 func (r *retrier) launch(idle, work context.Context, taken []inbox.Parked) {
 	tookAt := time.Now()
 	for i, m := range taken {
-		if time.Since(tookAt) > r.lease/2 || r.p.route.gate.acquire(idle) != nil {
+		if time.Since(tookAt) > r.lease/2 || r.p.route.gate.Acquire(idle) != nil {
 			r.releaseRest(work, taken[i:])
 			return
 		}
 		r.inFlight.Go(func() {
 			defer r.wake() // its key's next message, or its own next retry, may be due
-			defer r.p.route.gate.release()
+			defer r.p.route.gate.Release()
 			r.retry(work, m)
 		})
 	}
@@ -201,7 +202,7 @@ func (r *retrier) untilDue(ctx context.Context) (time.Duration, error) {
 
 // sleep waits for d, for a wake-up, for the route's circuit to change, or for ctx to be done.
 func (r *retrier) sleep(ctx context.Context, d time.Duration) {
-	_ = wait.Sleep(ctx, d, r.wakeup, r.p.route.gate.changed())
+	_ = wait.Sleep(ctx, d, r.wakeup, r.p.route.gate.Changed())
 }
 
 // retry makes one attempt at m, which the retrier holds, and settles it as the policy decides: it
@@ -224,7 +225,7 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 	g := r.p.route.gate
 	// Only the route's pace is waited for here: paused since m was taken, the route keeps it in the
 	// park, nothing charged.
-	permit, ok, err := g.permitFor(ctx, r.p.stopping, func() bool { return g.notYet() != 0 })
+	permit, ok, err := g.PermitFor(ctx, r.p.stopping, func() bool { return g.NotYet() != 0 })
 	if !ok || err != nil {
 		r.release(ctx, m, 0, log)
 		return
@@ -236,17 +237,17 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 		parked: &m, log: log,
 	})
 	abandoned := ctx.Err() != nil || errors.Is(res.err, inbox.ErrHoldLost)
-	g.report(permit, string(m.OrderingKey), res, abandoned)
+	report(g, permit, string(m.OrderingKey), res, abandoned)
 	if abandoned {
 		if ctx.Err() == nil {
 			log.InfoContext(ctx, "another owner took the parked message over", "error", res.err)
 		}
 		return
 	}
-	d := r.p.route.policy.decide(h, res, routeView{open: g.open()})
+	d := r.p.route.policy.decide(h, res, routeView{open: g.Open()})
 	h = h.next(res, d, time.Now())
 	if d.throttle > 0 {
-		g.throttle(d.throttle)
+		g.Throttle(d.throttle)
 	}
 	switch d.action {
 	case finish:

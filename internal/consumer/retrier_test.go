@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/inboxworker/inboxworker/inboxtype"
+	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/poll"
 
 	"github.com/jackc/pgx/v5"
@@ -93,7 +94,7 @@ func setupRetrier(t *testing.T) *retrierEnv {
 // retrierOf is the retrier of the test partition for a consumer of e's park whose route has
 // handler h (e.handler when nil), as the owner named owner, with retry and the route's circuit
 // configured by cc.
-func (e *retrierEnv) retrierOf(owner string, retry Retry, cc CircuitConfig, h any) *retrier {
+func (e *retrierEnv) retrierOf(owner string, retry Retry, cc gate.CircuitConfig, h any) *retrier {
 	e.t.Helper()
 	route := Route{Topic: parkTopic, Name: "payments", Handler: e.handler}
 	switch h := h.(type) {
@@ -120,7 +121,7 @@ func (e *retrierEnv) retrierOf(owner string, retry Retry, cc CircuitConfig, h an
 }
 
 // start runs a retrier of the park until the test ends, and returns it.
-func (e *retrierEnv) start(owner string, retry Retry, cc CircuitConfig) *retrier {
+func (e *retrierEnv) start(owner string, retry Retry, cc gate.CircuitConfig) *retrier {
 	e.t.Helper()
 	r := e.retrierOf(owner, retry, cc, nil)
 	e.run(r)
@@ -267,7 +268,7 @@ func TestRetrierAppliesEachKeyInOrder(t *testing.T) {
 	if n := e.keys.len(); n != 3 {
 		t.Fatalf("%d keys parked, want 3", n)
 	}
-	e.start("o1", fastRetry, CircuitConfig{})
+	e.start("o1", fastRetry, gate.CircuitConfig{})
 	e.waitEmpty()
 	effects := e.effects()
 	for k, want := range map[string][]string{"A": {"A@10", "A@12", "A@14"}, "B": {"B@11", "B@15"}, "C": {"C@13"}} {
@@ -300,7 +301,7 @@ func TestRetrierBudgetRunsOut(t *testing.T) {
 	e.park("A", 1)
 	e.park("A", 2)
 	e.park("B", 3)
-	e.start("o1", spentRetry, CircuitConfig{})
+	e.start("o1", spentRetry, gate.CircuitConfig{})
 	e.waitEmpty()
 
 	letters := e.deadLetters()
@@ -356,7 +357,7 @@ func TestRetrierDeadLettersAtOnce(t *testing.T) {
 			}
 			e.park("A", 1)
 			e.park("A", 2)
-			e.start("o1", fastRetry, CircuitConfig{})
+			e.start("o1", fastRetry, gate.CircuitConfig{})
 			e.waitEmpty()
 			letters := e.deadLetters()
 			attempts := 2 // one before parking, one in the park
@@ -383,7 +384,7 @@ func TestRetrierAppliedMeanwhile(t *testing.T) {
 	if _, err := e.store.Process(context.Background(), msg, func(context.Context, pgx.Tx) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
-	e.start("o1", fastRetry, CircuitConfig{})
+	e.start("o1", fastRetry, gate.CircuitConfig{})
 	e.waitEmpty()
 	if n := e.handler.calls.Load(); n != 0 {
 		t.Errorf("the handler ran %d times, want 0", n)
@@ -399,8 +400,13 @@ func TestRetrierPausedRouteChargesNothing(t *testing.T) {
 	t.Parallel()
 	e := setupRetrier(t)
 	budget := Retry{InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond, MaxElapsed: 5 * time.Millisecond}
-	r := e.retrierOf("o1", budget, CircuitConfig{ProbeInterval: 2 * time.Millisecond, MaxProbeInterval: 10 * time.Millisecond}, nil)
-	c := r.p.route.gate.circuit
+	r := e.retrierOf("o1", budget, gate.CircuitConfig{ProbeInterval: 2 * time.Millisecond, MaxProbeInterval: 10 * time.Millisecond}, nil)
+	g := r.p.route.gate
+	// allow is the gate's permit now, if it gives one.
+	allow := func() (gate.Permit, bool) {
+		p, ok, _ := g.PermitFor(t.Context(), nil, func() bool { return true })
+		return p, ok
+	}
 	var down atomic.Bool
 	down.Store(true)
 	var nonProbes, running, overlaps atomic.Int64
@@ -409,7 +415,7 @@ func TestRetrierPausedRouteChargesNothing(t *testing.T) {
 			overlaps.Add(1)
 		}
 		defer running.Add(-1)
-		if state, _ := c.State(); state != RouteProbing {
+		if g.State() != gate.RouteProbing {
 			nonProbes.Add(1)
 		}
 		if down.Load() {
@@ -420,16 +426,16 @@ func TestRetrierPausedRouteChargesNothing(t *testing.T) {
 	// Trip the route, as messages of other keys failing together would, and confirm the outage
 	// with a probe of another key.
 	for i := range 10 {
-		p, _ := c.Allow()
-		c.Record(p, strconv.Itoa(i), signalFailed)
+		p, _ := allow()
+		g.Record(p, strconv.Itoa(i), gate.SignalFailed)
 	}
-	var probe permit
+	var probe gate.Permit
 	poll.For(t, "the circuit's first probe", func() bool {
 		var ok bool
-		probe, ok = c.Allow()
+		probe, ok = allow()
 		return ok
 	})
-	c.Record(probe, "another", signalFailed)
+	g.Record(probe, "another", gate.SignalFailed)
 	for i, k := range []string{"A", "B", "C", "A"} {
 		e.park(k, int64(i))
 	}
@@ -468,7 +474,7 @@ func TestRetrierPausedRouteChargesNothing(t *testing.T) {
 	if got := ofKey(e.effects(), "A"); !slices.Equal(got, []string{"A@0", "A@3"}) {
 		t.Errorf("effects of A %q, want in order", got)
 	}
-	if state, _ := c.State(); state != RouteOpen {
+	if state := g.State(); state != gate.RouteOpen {
 		t.Errorf("route %v after recovery, want open", state)
 	}
 	if n := overlaps.Load(); n != 0 {
@@ -491,9 +497,9 @@ func TestRetrierPoisonKeyDoesNotPause(t *testing.T) {
 	for i := range 20 {
 		e.park(fmt.Sprint("K", i), int64(1+i))
 	}
-	e.start("o1", spentRetry, CircuitConfig{})
+	e.start("o1", spentRetry, gate.CircuitConfig{})
 	e.waitEmpty()
-	if n := testutil.ToFloat64(e.metrics.Pauses.WithLabelValues(parkTopic, pausedOutage)); n != 0 {
+	if n := testutil.ToFloat64(e.metrics.Pauses.WithLabelValues(parkTopic, gate.PausedOutage)); n != 0 {
 		t.Errorf("the route paused %v times, want never", n)
 	}
 	if letters := e.deadLetters(); len(letters) != 1 || letters[0].Reason != fault.RetriesExhausted {
@@ -525,7 +531,7 @@ func TestRetrierStopReleasesHolds(t *testing.T) {
 	h := &blocker{started: make(chan struct{})}
 	e.park("A", 1)
 	r := e.retrierOf("old", Retry{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxElapsed: 10 * time.Hour},
-		CircuitConfig{}, h)
+		gate.CircuitConfig{}, h)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -554,8 +560,8 @@ func TestRetrierTwoOwners(t *testing.T) {
 			e.park(fmt.Sprint("K", i), int64(100*j+i))
 		}
 	}
-	e.start("o1", fastRetry, CircuitConfig{})
-	e.start("o2", fastRetry, CircuitConfig{})
+	e.start("o1", fastRetry, gate.CircuitConfig{})
+	e.start("o2", fastRetry, gate.CircuitConfig{})
 	e.waitEmpty()
 	effects := e.effects()
 	if len(effects) != 90 || len(slices.Compact(slices.Sorted(slices.Values(effects)))) != 90 {
@@ -581,7 +587,7 @@ func TestRetrierCrashLoop(t *testing.T) {
 		`UPDATE inbox_parked SET starts = $1 WHERE "offset" = 1`, crashLoopStarts); err != nil {
 		t.Fatal(err)
 	}
-	e.start("o1", fastRetry, CircuitConfig{})
+	e.start("o1", fastRetry, gate.CircuitConfig{})
 	e.waitEmpty()
 	letters := e.deadLetters()
 	if len(letters) != 1 || letters[0].Reason != fault.CrashLoop || letters[0].Offset != 1 {
@@ -642,7 +648,7 @@ func TestRetrierCallHandler(t *testing.T) {
 	e.park("A", 2)
 	e.park("B", 3)
 
-	e.run(e.retrierOf("o", fastRetry, CircuitConfig{}, h))
+	e.run(e.retrierOf("o", fastRetry, gate.CircuitConfig{}, h))
 	e.waitEmpty()
 	if letters := e.deadLetters(); len(letters) != 0 {
 		t.Errorf("dead letters %+v, want none", letters)

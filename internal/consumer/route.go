@@ -6,19 +6,20 @@ import (
 	"time"
 
 	"github.com/inboxworker/inboxworker/inboxtype"
+	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/tracing"
 )
 
 // route is a Route as the consumer runs it, shared by its partitions: its handler by kind, its
-// gate (gate.go) and its retry policy (policy.go).
+// gate (package gate) and its retry policy (policy.go).
 type route struct {
 	Route
 	// batcher is Handler as a BatchHandler when the route applies batches in one transaction
 	// (Config.Transactions PerBatch), else nil.
 	batcher inboxtype.BatchHandler
 
-	gate   *gate
+	gate   *gate.Gate
 	policy policy
 
 	store  *inbox.Store
@@ -44,7 +45,8 @@ func newRoute(r Route, config *Config, log *slog.Logger) (*route, error) {
 	book := func(ctx context.Context, n int, every time.Duration) (time.Duration, error) {
 		return config.Store.BookCalls(ctx, config.GroupID, r.Name, n, every)
 	}
-	g, err := newGate(r, cc, book, config.Metrics, log)
+	g, err := gate.New(gate.Config{Topic: r.Topic, Concurrency: r.Concurrency, SlowStart: r.Call != nil,
+		RateLimit: r.RateLimit, Book: book, Circuit: cc, Metrics: config.Metrics, Logger: log})
 	if err != nil {
 		return nil, err
 	}

@@ -4,13 +4,15 @@ import (
 	"context"
 	"math"
 	"time"
+
+	"github.com/inboxworker/inboxworker/internal/gate"
 )
 
 // schedule starts the messages that may start now, each dispatch on a goroutine of its own, and
 // returns how long until it should look again though nothing happens (a batch waiting for more
 // messages, a paused route); 0 when only an event (a fetch, a settled dispatch, a free slot of the
 // route) can change what may start. While the route's circuit has it paused, nothing starts but,
-// once a probe is due, one message (see gate.allow).
+// once a probe is due, one message (see gate.Gate.Admit).
 //
 // A message may start when it is the first unstarted message of its ordering key and its key has
 // nothing in flight. Messages of a route whose handler takes batches start as batches: the
@@ -20,25 +22,25 @@ func (p *partition) schedule(work, idle context.Context) time.Duration {
 	// Taken before any slot is looked at: a slot freed from now on closes it, and await wakes.
 	// Taken in await instead, a slot freed in between would be missed, and with it, if it was the
 	// route's last to free, the partition's remaining messages.
-	p.wantsSlot, p.slotFreed = false, p.route.gate.slots.changed()
+	p.wantsSlot, p.slotFreed = false, p.route.gate.SlotFreed()
 	if p.guard.narrowing() {
 		return p.scheduleAlone(work)
 	}
-	admission, wait := p.route.gate.admit()
+	admission, wait := p.route.gate.Admit()
 	switch {
-	case admission == admitNone:
+	case admission == gate.AdmitNone:
 		return wait
-	case admission == admitProbe && p.running > 0:
-		return routePoll // the probe starts once nothing of the partition is in flight
+	case admission == gate.AdmitProbe && p.running > 0:
+		return gate.RoutePoll // the probe starts once nothing of the partition is in flight
 	case p.window.unstarted() == 0:
 		return 0
-	case p.route.gate.full():
+	case p.route.gate.Free() == 0:
 		p.wantsSlot = true // no slot to start anything with: no need to look for what could start
 		return 0
 	}
 	var ds []*dispatch
 	switch {
-	case admission == admitProbe:
+	case admission == gate.AdmitProbe:
 		ds = p.pickProbe() // its first run is the probe of the paused route
 	case p.route.batcher != nil:
 		ds, wait = p.pickBatches()
@@ -78,10 +80,10 @@ func (p *partition) pickMessages() []*dispatch {
 func (p *partition) pickProbe() []*dispatch {
 	var pick *entry
 	for e := range p.window.startable(p.guard.barrier()) {
-		if pick == nil || !p.route.gate.tripped(e.order) {
+		if pick == nil || !p.route.gate.Tripped(e.order) {
 			pick = e
 		}
-		if !p.route.gate.tripped(e.order) {
+		if !p.route.gate.Tripped(e.order) {
 			break
 		}
 	}
@@ -139,7 +141,7 @@ func (p *partition) scheduleAlone(work context.Context) time.Duration {
 	if e.started {
 		return 0
 	}
-	if admission, wait := p.route.gate.admit(); admission == admitNone {
+	if admission, wait := p.route.gate.Admit(); admission == gate.AdmitNone {
 		return wait
 	}
 	if !p.takeSlot() {
@@ -148,7 +150,7 @@ func (p *partition) scheduleAlone(work context.Context) time.Duration {
 	}
 	starts, ok := p.guard.recordAlone(work, e)
 	if !ok {
-		p.route.gate.release()
+		p.route.gate.Release()
 		return 0
 	}
 	p.window.start(e)
@@ -161,7 +163,7 @@ func (p *partition) launch(work context.Context, d *dispatch) {
 	p.running++
 	go func() {
 		s := p.apply(work, d)
-		p.route.gate.release()
+		p.route.gate.Release()
 		p.settled <- s // never blocks: there are never more dispatches than messages in flight
 	}()
 }
@@ -172,7 +174,7 @@ func (p *partition) unpick(ds []*dispatch) {
 		for _, e := range d.entries {
 			p.window.unstart(e)
 		}
-		p.route.gate.release()
+		p.route.gate.Release()
 	}
 }
 
@@ -190,7 +192,7 @@ func (p *partition) batchWait() time.Duration {
 }
 
 // takeSlot takes a free slot of the route.
-func (p *partition) takeSlot() bool { return p.route.gate.tryAcquire() }
+func (p *partition) takeSlot() bool { return p.route.gate.TryAcquire() }
 
 // noBarrier is crashGuard.barrier when no range is suspect.
 const noBarrier = math.MaxInt64

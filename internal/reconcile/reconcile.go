@@ -10,7 +10,7 @@
 // request's turn in the group's shared rate schedule (inbox.Store.BookCalls), so that the group asks
 // no more than its rate limit a second, however many instances run. No transaction is open while a
 // request is out. Failed requests are the concern of a route's outage circuit
-// (consumer.DependencyCircuit): failures from several orders pause the asking, one probe at a time
+// (gate.DependencyCircuit): failures from several orders pause the asking, one probe at a time
 // at a doubling interval up to a minute; an order the endpoint alone fails on pauses nobody, and is
 // asked about again a minute later at most. An order past
 // RECONCILE_MAX_AGE is left PENDING and counted; the worker never cancels an order.
@@ -31,8 +31,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxworker/inboxworker"
-	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/payment"
 	"github.com/inboxworker/inboxworker/internal/wait"
@@ -73,7 +73,7 @@ type Reconciler struct {
 	cfg    Config
 	holder string
 	// circuit pauses the asking while the status endpoint looks down: a route's outage circuit.
-	circuit *consumer.DependencyCircuit
+	circuit *gate.DependencyCircuit
 	log     *slog.Logger
 	// idle is how long a worker waits when no order is due.
 	idle time.Duration
@@ -89,12 +89,12 @@ func New(cfg Config) (*Reconciler, error) {
 			cfg.RateLimit, cfg.After, cfg.MaxAge)
 	}
 	log := cmp.Or(cfg.Logger, slog.Default()).With("component", "reconciliation")
-	circuit, err := consumer.NewDependencyCircuit(consumer.CircuitConfig{MaxProbeInterval: maxProbeInterval,
-		OnChange: func(from, to consumer.RouteState, _, why string) {
+	circuit, err := gate.NewDependencyCircuit(gate.CircuitConfig{MaxProbeInterval: maxProbeInterval,
+		OnChange: func(from, to gate.RouteState, _, why string) {
 			switch {
-			case from == consumer.RouteOpen:
+			case from == gate.RouteOpen:
 				log.Warn("pausing reconciliation: the payment status endpoint looks down", "why", why)
-			case to == consumer.RouteOpen:
+			case to == gate.RouteOpen:
 				log.Info("resuming reconciliation: the payment status endpoint answers", "why", why)
 			}
 		}})
@@ -148,7 +148,7 @@ func (r *Reconciler) work(ctx context.Context) {
 // askAll asks about each of orders in turn, the first with permit, and gives back those it does not
 // ask about: all of them once ctx is done, the rest once the circuit pauses. A probe asks about an
 // order whose failure did not pause the circuit, if it holds one: its failure confirms an outage.
-func (r *Reconciler) askAll(ctx context.Context, orders []string, permit consumer.Permit) {
+func (r *Reconciler) askAll(ctx context.Context, orders []string, permit gate.Permit) {
 	if permit.Probe() {
 		if i := slices.IndexFunc(orders, func(o string) bool { return !r.circuit.Tripped(o) }); i > 0 {
 			orders[0], orders[i] = orders[i], orders[0]

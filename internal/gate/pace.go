@@ -1,4 +1,4 @@
-package consumer
+package gate
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// pace keeps a call route's calls to its rate limit, Route.RateLimit, calls per second for the whole
+// pace keeps a call route's calls to its rate limit, Config.RateLimit, calls per second for the whole
 // consumer group. The group's instances share one schedule in Postgres (inbox.Store.BookCalls): an
 // instance about to call books a time for it, spaced 1/rate after every call booked before by any
 // instance, and calls no sooner. So the group keeps to the rate wherever its traffic is — all on
@@ -18,14 +18,14 @@ import (
 // at a low rate.
 //
 // The gate admits a message while a time is near (delay), and its call takes one right before it
-// goes out, after its lease (gate.takeTurn): what the provider sees keeps to the rate even when
+// goes out, after its lease (Gate.TakeTurn): what the provider sees keeps to the rate even when
 // leases come back late and together. A throttled answer (a 429, a Retry-After) halves the rate this
 // instance books at; it grows back by a tenth of the limit each second without one (TCP's
 // congestion control: a multiplicative decrease, an additive increase). The time a message waits for
 // its turn is no fault of its own.
 type pace struct {
 	group  float64 // the group's rate; 0: no limit
-	book   booker
+	book   Booker
 	onRate func(perSecond float64)
 
 	mu     sync.Mutex
@@ -41,9 +41,9 @@ type pace struct {
 	waiting int
 }
 
-// booker books n calls in the group's schedule, every apart, after those booked already, and says
+// Booker books n calls in the group's schedule, every apart, after those booked already, and says
 // how long from now the first may go out (see inbox.Store.BookCalls).
-type booker func(ctx context.Context, n int, every time.Duration) (first time.Duration, err error)
+type Booker func(ctx context.Context, n int, every time.Duration) (first time.Duration, err error)
 
 // Of the pace: the least factor of a throttled rate, and how much of it comes back per second
 // (AIMD); the spacing of calls, in 1/rate; how much of the rate one booking holds at most; how late a time booked and not taken may
@@ -56,7 +56,7 @@ const (
 	bookedTimeGrace  = 10 * time.Millisecond
 )
 
-func newPace(group float64, book booker, onRate func(float64)) *pace {
+func newPace(group float64, book Booker, onRate func(float64)) *pace {
 	p := &pace{group: group, book: book, factor: 1, since: time.Now(), onRate: onRate}
 	if p.limited() {
 		p.report()
@@ -68,7 +68,7 @@ func newPace(group float64, book booker, onRate func(float64)) *pace {
 func (p *pace) limited() bool { return p.group > 0 }
 
 // delay says how long until the next call could go out, without taking a turn: 0 when at once, or
-// without a limit. It is an estimate, for admission: a time this instance booked and has not
+// without a limit. It is an estimate, for Gate.Admit: a time this instance booked and has not
 // taken, or else the end of its last booking and the calls waiting behind it.
 func (p *pace) delay() time.Duration {
 	if !p.limited() {

@@ -1,4 +1,4 @@
-package consumer
+package gate
 
 import (
 	"fmt"
@@ -42,7 +42,7 @@ func newCircuitEnv(t *testing.T, config CircuitConfig) *circuitEnv {
 }
 
 // run starts a message of key and records res, and fails the test unless it may start.
-func (e *circuitEnv) run(t *testing.T, key string, res signal) {
+func (e *circuitEnv) run(t *testing.T, key string, res Signal) {
 	t.Helper()
 	p, ok := e.Allow()
 	if !ok {
@@ -68,18 +68,18 @@ func (e *circuitEnv) assertState(t *testing.T, want RouteState) {
 func (e *circuitEnv) trip(t *testing.T) {
 	t.Helper()
 	for i := range 10 {
-		e.run(t, fmt.Sprint("k", i), signalFailed)
+		e.run(t, fmt.Sprint("k", i), SignalFailed)
 	}
 }
 
 // probe waits out the probe interval, takes the probe and records res.
-func (e *circuitEnv) probe(t *testing.T, res signal) {
+func (e *circuitEnv) probe(t *testing.T, res Signal) {
 	t.Helper()
 	e.probeOf(t, "probe", res)
 }
 
 // probeOf is probe with a message of key.
-func (e *circuitEnv) probeOf(t *testing.T, key string, res signal) {
+func (e *circuitEnv) probeOf(t *testing.T, key string, res Signal) {
 	t.Helper()
 	state, at := e.State()
 	if state != RoutePaused {
@@ -104,7 +104,7 @@ func TestCircuitSuspects(t *testing.T) {
 		trip := func() {
 			t.Helper()
 			for i := range 10 {
-				e.run(t, fmt.Sprint("k", i%3), signalFailed)
+				e.run(t, fmt.Sprint("k", i%3), SignalFailed)
 			}
 			e.assertState(t, RoutePaused)
 		}
@@ -112,18 +112,18 @@ func TestCircuitSuspects(t *testing.T) {
 		if !e.Tripped("k1") || e.Tripped("fresh") {
 			t.Errorf("Tripped k1 %t, fresh %t; want k1 only", e.Tripped("k1"), e.Tripped("fresh"))
 		}
-		e.probeOf(t, "k1", signalFailed)
+		e.probeOf(t, "k1", SignalFailed)
 		e.assertState(t, RouteOpen)
 		if e.Tripped("k1") {
 			t.Error("k1 is a suspect of an open route")
 		}
 
 		trip()
-		e.probeOf(t, "fresh", signalFailed) // confirms the outage
+		e.probeOf(t, "fresh", SignalFailed) // confirms the outage
 		e.assertState(t, RoutePaused)
-		e.probeOf(t, "k2", signalFailed)
+		e.probeOf(t, "k2", SignalFailed)
 		e.assertState(t, RoutePaused)
-		e.probeOf(t, "k2", signalAnswered)
+		e.probeOf(t, "k2", SignalAnswered)
 		e.assertState(t, RouteOpen)
 		want := []string{"open→paused", "paused→probing", "probing→open", "open→paused", "paused→probing",
 			"probing→paused", "paused→probing", "probing→paused", "paused→probing", "probing→open"}
@@ -141,10 +141,10 @@ func TestCircuitTrips(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			e := newCircuitEnv(t, CircuitConfig{})
 			for i := range 9 {
-				e.run(t, fmt.Sprint("k", i%3), signalFailed)
+				e.run(t, fmt.Sprint("k", i%3), SignalFailed)
 			}
 			e.assertState(t, RouteOpen)
-			e.run(t, "k0", signalFailed)
+			e.run(t, "k0", SignalFailed)
 			e.assertState(t, RoutePaused)
 			if got := e.changes(); !slices.Equal(got, []string{"open→paused"}) {
 				t.Errorf("changes %q", got)
@@ -160,9 +160,9 @@ func TestCircuitTrips(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			e := newCircuitEnv(t, CircuitConfig{FailureRate: 1})
 			for i := range 100 {
-				e.run(t, fmt.Sprint("k", i%5), signalFailed)
+				e.run(t, fmt.Sprint("k", i%5), SignalFailed)
 				if i%9 == 8 {
-					e.run(t, "good", signalAnswered)
+					e.run(t, "good", SignalAnswered)
 				}
 			}
 			e.assertState(t, RouteOpen)
@@ -175,7 +175,7 @@ func TestCircuitTrips(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			e := newCircuitEnv(t, CircuitConfig{})
 			for i := range 1000 {
-				e.run(t, fmt.Sprint("poison", i%2), signalFailed)
+				e.run(t, fmt.Sprint("poison", i%2), SignalFailed)
 				time.Sleep(100 * time.Millisecond)
 			}
 			e.assertState(t, RouteOpen)
@@ -190,7 +190,7 @@ func TestCircuitTrips(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			e := newCircuitEnv(t, CircuitConfig{})
 			for i := range 100 {
-				e.run(t, fmt.Sprint("k", i), signalNone)
+				e.run(t, fmt.Sprint("k", i), SignalNone)
 			}
 			e.assertState(t, RouteOpen)
 		})
@@ -205,9 +205,9 @@ func TestCircuitTrips(t *testing.T) {
 				key := fmt.Sprint("k", i)
 				switch i % 5 {
 				case 0, 1:
-					e.run(t, key, signalFailed)
+					e.run(t, key, SignalFailed)
 				default:
-					e.run(t, key, signalAnswered)
+					e.run(t, key, SignalAnswered)
 				}
 				time.Sleep(100 * time.Millisecond)
 			}
@@ -217,9 +217,9 @@ func TestCircuitTrips(t *testing.T) {
 			for i := range 2000 {
 				key := fmt.Sprint("j", i)
 				if i%5 < 3 {
-					e.run(t, key, signalFailed)
+					e.run(t, key, SignalFailed)
 				} else {
-					e.run(t, key, signalAnswered)
+					e.run(t, key, SignalAnswered)
 				}
 				if state, _ := e.State(); state == RoutePaused {
 					tripped = i
@@ -243,17 +243,17 @@ func TestCircuitTrips(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			e := newCircuitEnv(t, CircuitConfig{ConsecutiveFailures: 1000})
 			for i := range 9 {
-				e.run(t, fmt.Sprint("k", i), signalFailed)
+				e.run(t, fmt.Sprint("k", i), SignalFailed)
 			}
 			time.Sleep(time.Minute)
-			e.run(t, "k9", signalFailed) // 10 failures from 10 keys, but only 1 in the window
+			e.run(t, "k9", SignalFailed) // 10 failures from 10 keys, but only 1 in the window
 			e.assertState(t, RouteOpen)
 			for range 9 {
-				e.run(t, "k10", signalFailed)
+				e.run(t, "k10", SignalFailed)
 				time.Sleep(time.Second)
 			}
 			e.assertState(t, RouteOpen) // 10 failures in the window, from 2 keys only
-			e.run(t, "k11", signalFailed)
+			e.run(t, "k11", SignalFailed)
 			e.assertState(t, RoutePaused)
 		})
 	})
@@ -279,7 +279,7 @@ func TestCircuitProbes(t *testing.T) {
 				if _, ok := e.Allow(); ok {
 					t.Fatal("a message started before the probe was due")
 				}
-				e.probe(t, signalFailed)
+				e.probe(t, SignalFailed)
 			}
 			want := []time.Duration{1, 2, 4, 8, 16, 30, 30, 30}
 			for i := range want {
@@ -307,7 +307,7 @@ func TestCircuitProbes(t *testing.T) {
 			if _, ok := e.Allow(); ok {
 				t.Fatal("a second message started while the probe runs")
 			}
-			e.Record(probe, "k", signalAnswered)
+			e.Record(probe, "k", SignalAnswered)
 			e.assertState(t, RouteOpen)
 			if got, want := e.changes(), []string{"open→paused", "paused→probing", "probing→open"}; !slices.Equal(got, want) {
 				t.Errorf("changes %q, want %q", got, want)
@@ -322,14 +322,14 @@ func TestCircuitProbes(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			e := newCircuitEnv(t, CircuitConfig{})
 			e.trip(t)
-			e.probe(t, signalFailed)
-			e.probe(t, signalAnswered)
+			e.probe(t, SignalFailed)
+			e.probe(t, SignalAnswered)
 			e.assertState(t, RouteOpen)
 			for i := range 9 {
-				e.run(t, fmt.Sprint("k", i), signalFailed)
+				e.run(t, fmt.Sprint("k", i), SignalFailed)
 			}
 			e.assertState(t, RouteOpen)
-			e.run(t, "k9", signalFailed)
+			e.run(t, "k9", SignalFailed)
 			if _, at := e.State(); time.Until(at) != time.Second {
 				t.Errorf("first probe in %s after a resume, want 1s", time.Until(at))
 			}
@@ -341,8 +341,8 @@ func TestCircuitProbes(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			e := newCircuitEnv(t, CircuitConfig{})
 			e.trip(t)
-			e.probe(t, signalFailed) // next in 2s
-			e.probe(t, signalNone)
+			e.probe(t, SignalFailed) // next in 2s
+			e.probe(t, SignalNone)
 			state, at := e.State()
 			if state != RoutePaused || time.Until(at) != 2*time.Second {
 				t.Errorf("after an inconclusive probe: %v, next in %s; want paused, next in 2s", state, time.Until(at))
@@ -357,9 +357,9 @@ func TestCircuitProbes(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			e := newCircuitEnv(t, CircuitConfig{})
 			e.trip(t)
-			e.probe(t, signalFailed) // next in 2s
+			e.probe(t, SignalFailed) // next in 2s
 			for range 3 {
-				e.probe(t, signalNotCalled)
+				e.probe(t, SignalNotCalled)
 				state, at := e.State()
 				if state != RoutePaused || at.After(time.Now()) {
 					t.Fatalf("after a probe that called nothing: %v, next in %s; want paused, next now", state, time.Until(at))
@@ -369,7 +369,7 @@ func TestCircuitProbes(t *testing.T) {
 			if !ok || !p.Probe() {
 				t.Fatal("no probe at once after a probe that called nothing")
 			}
-			e.Record(p, "k", signalFailed)
+			e.Record(p, "k", SignalFailed)
 			// The probes after one that called nothing are not announced: its start and the end of the
 			// last are.
 			want := []string{"open→paused", "paused→probing", "probing→paused", "paused→probing", "probing→paused"}
@@ -387,19 +387,19 @@ func TestCircuitProbes(t *testing.T) {
 		t.Parallel()
 		synctest.Test(t, func(t *testing.T) {
 			e := newCircuitEnv(t, CircuitConfig{})
-			var inFlight []permit
+			var inFlight []Permit
 			for range 3 {
 				p, _ := e.Allow()
 				inFlight = append(inFlight, p)
 			}
 			e.trip(t)
-			e.Record(inFlight[0], "late", signalAnswered)
+			e.Record(inFlight[0], "late", SignalAnswered)
 			e.assertState(t, RoutePaused)
-			e.probe(t, signalAnswered)
-			e.Record(inFlight[1], "late", signalFailed)
-			e.Record(inFlight[2], "late", signalFailed)
+			e.probe(t, SignalAnswered)
+			e.Record(inFlight[1], "late", SignalFailed)
+			e.Record(inFlight[2], "late", SignalFailed)
 			for i := range 9 {
-				e.run(t, fmt.Sprint("k", i), signalFailed)
+				e.run(t, fmt.Sprint("k", i), SignalFailed)
 			}
 			e.assertState(t, RouteOpen) // 9 failures since the resume, not 11
 		})
@@ -420,8 +420,8 @@ func TestCircuitPaused(t *testing.T) {
 		if got := e.Paused(); got != 500*time.Millisecond {
 			t.Errorf("Paused() = %s, want 500ms", got)
 		}
-		e.probe(t, signalFailed)     // at 1s
-		e.probe(t, signalAnswered)   // at 3s
+		e.probe(t, SignalFailed)     // at 1s
+		e.probe(t, SignalAnswered)   // at 3s
 		time.Sleep(10 * time.Minute) // open: not counted
 		if got := e.Paused(); got != 3*time.Second {
 			t.Errorf("Paused() = %s after resuming, want 3s", got)
@@ -435,14 +435,14 @@ func TestCircuitChanged(t *testing.T) {
 		e := newCircuitEnv(t, CircuitConfig{})
 		changed := e.Changed()
 		for i := range 9 {
-			e.run(t, fmt.Sprint("k", i), signalFailed)
+			e.run(t, fmt.Sprint("k", i), SignalFailed)
 		}
 		select {
 		case <-changed:
 			t.Fatal("Changed closed without a change")
 		default:
 		}
-		e.run(t, "k9", signalFailed)
+		e.run(t, "k9", SignalFailed)
 		select {
 		case <-changed:
 		default:
@@ -492,8 +492,8 @@ func TestCircuitForgetsOldFailures(t *testing.T) {
 		// failure short of MinFailures.
 		failEach := func(e *circuitEnv, keys ...string) {
 			for _, k := range keys {
-				e.run(t, k, signalFailed)
-				e.run(t, "fine", signalAnswered)
+				e.run(t, k, SignalFailed)
+				e.run(t, "fine", SignalAnswered)
 			}
 		}
 		nine := []string{"a", "b", "c", "a", "b", "c", "a", "b", "c"}
@@ -501,20 +501,20 @@ func TestCircuitForgetsOldFailures(t *testing.T) {
 		recent := newCircuitEnv(t, CircuitConfig{})
 		failEach(recent, nine...)
 		time.Sleep(30 * time.Second)
-		recent.run(t, "a", signalFailed)
+		recent.run(t, "a", SignalFailed)
 		recent.assertState(t, RoutePaused) // 10 failures of 19 within the minute: the rate trips it
 
 		old := newCircuitEnv(t, CircuitConfig{})
 		failEach(old, nine...)
 		time.Sleep(time.Minute + 2*time.Second) // past the window, into another of its slices
 		failEach(old, "a", "b")
-		old.run(t, "c", signalFailed)
+		old.run(t, "c", SignalFailed)
 		old.assertState(t, RouteOpen) // 3 failures within the minute: the 9 before are forgotten
 	})
 }
 
 // TestCircuitRefusals: refusals that would meet any message (the kill switch) trip the circuit as
-// failures do when they are of one class, and the pause says so (its cause is pausedFailing): a run
+// failures do when they are of one class, and the pause says so (its cause is PausedFailing): a run
 // of refusals of one class that another class interrupts starts again. A probe that gets through
 // opens the route, and the next trip by failures is an outage's again.
 func TestCircuitRefusals(t *testing.T) {
@@ -539,14 +539,14 @@ func TestCircuitRefusals(t *testing.T) {
 			refuse(fmt.Sprint("m", i), "SQLSTATE 42P01")
 		}
 		e.assertState(t, RoutePaused)
-		if got := e.changes(); len(got) != 1 || e.causes[0] != pausedFailing {
-			t.Fatalf("changes %v with causes %v, want open→paused for %s", got, e.causes, pausedFailing)
+		if got := e.changes(); len(got) != 1 || e.causes[0] != PausedFailing {
+			t.Fatalf("changes %v with causes %v, want open→paused for %s", got, e.causes, PausedFailing)
 		}
-		e.probeOf(t, "fresh", signalAnswered)
+		e.probeOf(t, "fresh", SignalAnswered)
 		e.assertState(t, RouteOpen)
 		e.trip(t)
-		if last := e.causes[len(e.causes)-1]; last != pausedOutage {
-			t.Errorf("a trip by failures after refusals: cause %s, want %s", last, pausedOutage)
+		if last := e.causes[len(e.causes)-1]; last != PausedOutage {
+			t.Errorf("a trip by failures after refusals: cause %s, want %s", last, PausedOutage)
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package consumer
+package gate
 
 import (
 	"cmp"
@@ -36,25 +36,25 @@ func (s RouteState) String() string {
 	return fmt.Sprintf("RouteState(%d)", int(s))
 }
 
-// signal is what a message's run tells of its route's dependency.
-type signal int
+// Signal is what a message's run tells of its route's dependency.
+type Signal int
 
 const (
-	// signalAnswered: the dependency answered, whatever it said (applied, a duplicate, a rejection).
-	signalAnswered signal = iota
-	// signalFailed: a retryable failure that an outage of the dependency would cause (a timeout, a 503).
-	signalFailed
-	// signalNone: the run tells nothing of the dependency: it was cancelled, Postgres was down
+	// SignalAnswered: the dependency answered, whatever it said (applied, a duplicate, a rejection).
+	SignalAnswered Signal = iota
+	// SignalFailed: a retryable failure that an outage of the dependency would cause (a timeout, a 503).
+	SignalFailed
+	// SignalNone: the run tells nothing of the dependency: it was cancelled, Postgres was down
 	// (which the consumer waits out on its own), or the message waits for data of its own (an order
 	// that does not exist yet).
-	signalNone
-	// signalNotCalled: the handler declined the message without calling the dependency (an SMS
+	SignalNone
+	// SignalNotCalled: the handler declined the message without calling the dependency (an SMS
 	// past its validity): a probe that tells nothing, to be followed by another at once.
-	signalNotCalled
-	// signalRefused: Postgres or the handler refused the message the way it would refuse any
-	// (a privilege revoked, a table missing: see refusalOf): a failure that is no fault of the
+	SignalNotCalled
+	// SignalRefused: Postgres or the handler refused the message the way it would refuse any
+	// (a privilege revoked, a table missing: see the consumer's refusalOf): a failure that is no fault of the
 	// message's, counted with the others when it is of the run's class (RecordRefused).
-	signalRefused
+	SignalRefused
 )
 
 // CircuitConfig configures a route's outage circuit. The defaults are discussed in docs/design.md
@@ -79,7 +79,7 @@ type CircuitConfig struct {
 	// MaxProbeInterval defaults to 30s.
 	MaxProbeInterval time.Duration
 	// OnChange, when set, is told of every change of state, the cause of the pause it belongs to
-	// (pausedOutage, or pausedFailing when refusals tripped it), and why, in order. It is called
+	// (PausedOutage, or PausedFailing when refusals tripped it), and why, in order. It is called
 	// with the circuit locked: it must return quickly and not call the circuit.
 	OnChange func(from, to RouteState, cause, why string)
 }
@@ -116,7 +116,7 @@ type circuit struct {
 	buckets   []bucket
 	failedAt  map[string]time.Time // key → its last failure in the window
 	trips     uint64               // counts the trips: a permit of an earlier one is stale
-	cause     string               // what tripped it last: pausedOutage or pausedFailing
+	cause     string               // what tripped it last: PausedOutage or PausedFailing
 	suspects  map[string]bool      // the keys that failed before the trip
 	confirmed bool                 // a probe of a key not among them failed: an outage
 	interval  time.Duration        // the wait before the next probe
@@ -169,25 +169,25 @@ func newCircuit(config CircuitConfig) (*circuit, error) {
 	return c, nil
 }
 
-// permit is leave to start one message, from Allow. Its result goes back through Record.
-type permit struct {
+// Permit is leave to start one message, from Allow. Its result goes back through Record.
+type Permit struct {
 	probe bool
 	trip  uint64
 }
 
 // Probe reports whether the permit is the probe of a paused route.
-func (p permit) Probe() bool { return p.probe }
+func (p Permit) Probe() bool { return p.probe }
 
 // Allow reports whether a message may start now. While the route is open, any may. While it is
 // paused, one may once the probe interval is over: the probe, whose result decides whether the
 // route opens again; no other starts until that result is recorded. Every permit granted must be
-// given back to Record, signalNone when its message did not run.
-func (c *circuit) Allow() (permit, bool) {
+// given back to Record, SignalNone when its message did not run.
+func (c *circuit) Allow() (Permit, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch c.state {
 	case RouteOpen:
-		return permit{trip: c.trips}, true
+		return Permit{trip: c.trips}, true
 	case RoutePaused:
 		if !time.Now().Before(c.probeAt) {
 			if c.reprobe {
@@ -195,21 +195,21 @@ func (c *circuit) Allow() (permit, bool) {
 			} else {
 				c.setState(RouteProbing, fmt.Sprintf("probing with one message after %s", c.interval))
 			}
-			return permit{probe: true, trip: c.trips}, true
+			return Permit{probe: true, trip: c.trips}, true
 		}
 	}
-	return permit{}, false
+	return Permit{}, false
 }
 
 // Record records the result of the run of a message, of key, that p let start.
-func (c *circuit) Record(p permit, key string, res signal) { c.record(p, key, res, "") }
+func (c *circuit) Record(p Permit, key string, res Signal) { c.record(p, key, res, "") }
 
 // RecordRefused records that the run of a message, of key, that p let start was refused the way
 // any would be, with an error of class (a SQLSTATE, say). Refusals trip the circuit as failures
 // do, when they are of one class: a run of failures of another class starts again.
-func (c *circuit) RecordRefused(p permit, key, class string) { c.record(p, key, signalRefused, class) }
+func (c *circuit) RecordRefused(p Permit, key, class string) { c.record(p, key, SignalRefused, class) }
 
-func (c *circuit) record(p permit, key string, res signal, class string) {
+func (c *circuit) record(p Permit, key string, res Signal, class string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
@@ -217,14 +217,14 @@ func (c *circuit) record(p permit, key string, res signal, class string) {
 		if c.state != RouteProbing || p.trip != c.trips {
 			return // not the probe in flight: cannot happen unless a permit is recorded twice
 		}
-		c.reprobe = res == signalNotCalled
+		c.reprobe = res == SignalNotCalled
 		switch res {
-		case signalAnswered:
+		case SignalAnswered:
 			c.pausedFor += now.Sub(c.notOpen)
 			c.interval = c.config.ProbeInterval
 			c.reset()
 			c.setState(RouteOpen, "the probe was answered")
-		case signalFailed, signalRefused:
+		case SignalFailed, SignalRefused:
 			if !c.suspects[key] {
 				c.confirmed = true
 			}
@@ -237,7 +237,7 @@ func (c *circuit) record(p permit, key string, res signal, class string) {
 			c.interval = min(2*c.interval, c.config.MaxProbeInterval)
 			c.probeAt = now.Add(c.interval)
 			c.setState(RoutePaused, fmt.Sprintf("the probe failed; next in %s", c.interval))
-		case signalNotCalled: // told of neither this change nor the next probe's: nothing changed
+		case SignalNotCalled: // told of neither this change nor the next probe's: nothing changed
 			c.probeAt = now
 			c.setQuietly(RoutePaused)
 		default:
@@ -250,11 +250,11 @@ func (c *circuit) record(p permit, key string, res signal, class string) {
 		return // started before the route paused: its result is not news
 	}
 	switch res {
-	case signalAnswered:
+	case SignalAnswered:
 		c.run = 0
 		clear(c.runKeys)
 		c.bucket(now).answers++
-	case signalFailed, signalRefused:
+	case SignalFailed, SignalRefused:
 		if class != c.runClass {
 			c.run, c.runClass = 0, class
 			clear(c.runKeys)
@@ -286,9 +286,9 @@ func (c *circuit) tripIfOutage(now time.Time, class string) {
 			failures, answers+failures, c.config.Window, len(c.failedAt))
 	}
 	c.trips++
-	c.cause = pausedOutage
+	c.cause = PausedOutage
 	if class != "" {
-		c.cause = pausedFailing
+		c.cause = PausedFailing
 		why += ", the last refused with " + class
 	}
 	c.suspects = make(map[string]bool, len(c.failedAt)+len(c.runKeys))
@@ -323,7 +323,7 @@ func (c *circuit) notYet() time.Duration {
 	case RoutePaused:
 		return max(time.Until(probeAt), 0)
 	}
-	return routePoll
+	return RoutePoll
 }
 
 // Tripped reports whether key failed before the circuit tripped: while it is paused, a probe of

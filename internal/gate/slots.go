@@ -1,4 +1,4 @@
-package consumer
+package gate
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 )
 
 // slots bound how many of a route's handler runs go at once, across its partitions: at most max
-// (Route.Concurrency), a batch counting once. A call route's slots start slowly: after start, after
+// (Config.Concurrency), a batch counting once. A call route's slots start slowly: after start, after
 // a pause of the route ends and after a probe is answered, its limit is slowStart, and it grows with
 // each answered call up to max, and halves with each retryable failure, so that a provider that is
 // down at start, has just come back, or is failing, is not met with a whole window of calls at once.
