@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inboxworker/inboxworker/internal/payment"
+	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
 // anomalyInterval is how often the payment anomaly gauge is read from Postgres.
@@ -46,18 +47,9 @@ func newAnomalyGauge(reg prometheus.Registerer) *anomalyGauge {
 // run refreshes the gauge at once, then every anomalyInterval until ctx is done. The kinds' series
 // appear only once a refresh succeeded: a 0 before the table was read would be a guess.
 func (g *anomalyGauge) run(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) {
-	t := time.NewTicker(anomalyInterval)
-	defer t.Stop()
-	for {
-		if err := g.refresh(ctx, pool); err != nil && ctx.Err() == nil {
-			logger.DebugContext(ctx, "cannot read the payment anomalies", slog.String("err", err.Error()))
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	wait.Every(ctx, anomalyInterval, logger, "read the payment anomalies", func(ctx context.Context) error {
+		return g.refresh(ctx, pool)
+	})
 }
 
 func (g *anomalyGauge) refresh(ctx context.Context, pool *pgxpool.Pool) error {

@@ -13,6 +13,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol/describegroups"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
 // lagReporter keeps, for every partition of the consumed topics, the consumer_lag gauge (the
@@ -79,18 +81,9 @@ func (l *lagReporter) run(ctx context.Context) {
 	if l.c.metrics == nil {
 		return
 	}
-	t := time.NewTicker(l.c.config.LagInterval)
-	defer t.Stop()
-	for {
-		if err := l.refresh(ctx, time.Now()); err != nil && ctx.Err() == nil {
-			l.c.log.DebugContext(ctx, "cannot refresh the consumer lag", "error", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	wait.Every(ctx, l.c.config.LagInterval, l.c.log, "refresh the consumer lag", func(ctx context.Context) error {
+		return l.refresh(ctx, time.Now())
+	})
 }
 
 func (l *lagReporter) refresh(ctx context.Context, now time.Time) error {

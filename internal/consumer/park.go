@@ -9,6 +9,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
 // Parking: a message the policy decides to park (policy.go) goes into the park (inbox.Store.Park)
@@ -196,19 +197,11 @@ func reportParked(ctx context.Context, m *Metrics, store *inbox.Store, topics []
 	if m == nil {
 		return
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
+	wait.Every(ctx, interval, log, "read the park's statistics", func(ctx context.Context) error {
 		stats, err := store.Park().Stats(ctx)
 		if err == nil {
 			m.observe(topics, stats)
-		} else if ctx.Err() == nil {
-			log.DebugContext(ctx, "cannot read the park's statistics", "error", err)
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+		return err
+	})
 }

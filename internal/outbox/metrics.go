@@ -3,12 +3,12 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
 // Metrics are the relay's Prometheus metrics. The waiting, oldest and stalled gauges describe the
@@ -123,22 +123,13 @@ func (r *Relay) reportStats(ctx context.Context) {
 	if m == nil {
 		return
 	}
-	ticker := time.NewTicker(r.config.StatsInterval)
-	defer ticker.Stop()
-	for {
+	wait.Every(ctx, r.config.StatsInterval, r.log, "read the outbox's state", func(ctx context.Context) error {
 		s, err := r.ReadStats(ctx)
-		switch {
-		case err == nil:
+		if err == nil {
 			m.Waiting.Set(float64(s.Waiting))
 			m.Oldest.Set(s.Oldest.Seconds())
 			m.Stalled.Set(s.Stalled.Seconds())
-		case ctx.Err() == nil:
-			r.log.DebugContext(ctx, "outbox: cannot read the outbox's state", slog.Any("error", err))
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
-	}
+		return err
+	})
 }

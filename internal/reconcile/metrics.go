@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
 // Metrics are reconciliation's: the answers, and the orders left PENDING.
@@ -56,18 +58,9 @@ const pendingInterval = 30 * time.Second
 // PENDING past after and not past maxAge, past maxAge, and the oldest one's age. It reads the
 // partial index of PENDING orders; it runs whether or not the provider is asked.
 func (m *Metrics) CountPending(ctx context.Context, pool *pgxpool.Pool, after, maxAge time.Duration, log *slog.Logger) {
-	t := time.NewTicker(pendingInterval)
-	defer t.Stop()
-	for {
-		if err := m.countPending(ctx, pool, after, maxAge); err != nil && ctx.Err() == nil {
-			log.DebugContext(ctx, "cannot count the PENDING orders", "error", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	wait.Every(ctx, pendingInterval, log, "count the PENDING orders", func(ctx context.Context) error {
+		return m.countPending(ctx, pool, after, maxAge)
+	})
 }
 
 func (m *Metrics) countPending(ctx context.Context, pool *pgxpool.Pool, after, maxAge time.Duration) error {

@@ -1,11 +1,13 @@
 // Package wait holds the worker's one backoff, for everything that tries again after a failure:
 // a message's retries, the waits for the database, the outbox relay's failed rounds, start-up's
 // waits for Kafka and Postgres. It is backoff/v4's exponential backoff, computed for the n-th
-// failure in a row so that a caller keeps a count rather than a backoff's state.
+// failure in a row so that a caller keeps a count rather than a backoff's state. With it are the
+// worker's one cancellable sleep (Sleep) and its one periodic refresh (Every).
 package wait
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -63,4 +65,23 @@ func Sleep(ctx context.Context, d time.Duration, wake ...<-chan struct{}) error 
 	case <-w2:
 	}
 	return nil
+}
+
+// Every runs refresh at once, then every interval, until ctx is done: for the gauges the worker
+// reads from its database or its brokers. A failed refresh, unless ctx is done, is logged at debug
+// as "cannot " + what, and the next one comes at its time: a gauge that cannot be read keeps its
+// last value.
+func Every(ctx context.Context, interval time.Duration, log *slog.Logger, what string, refresh func(context.Context) error) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if err := refresh(ctx); err != nil && ctx.Err() == nil {
+			log.DebugContext(ctx, "cannot "+what, "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

@@ -1,10 +1,14 @@
 package wait_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
+	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/inboxworker/inboxworker/internal/wait"
@@ -46,4 +50,36 @@ func TestSleep(t *testing.T) {
 	if err := wait.Sleep(context.Background(), time.Hour, nil, woke); err != nil {
 		t.Errorf("Sleep(1h) woken = %v, want nil", err)
 	}
+}
+
+// TestEvery: the refresh runs at once, then every interval until ctx is done; a failed one is
+// logged at debug as "cannot" and what, and the next comes at its time.
+func TestEvery(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		var logs bytes.Buffer
+		log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		var at []time.Duration
+		start := time.Now()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			wait.Every(ctx, time.Second, log, "read the gauge", func(context.Context) error {
+				at = append(at, time.Since(start))
+				if len(at) == 2 {
+					return errors.New("the database is down")
+				}
+				return nil
+			})
+		}()
+		time.Sleep(2500 * time.Millisecond)
+		cancel()
+		<-done
+		if want := []time.Duration{0, time.Second, 2 * time.Second}; !slices.Equal(at, want) {
+			t.Errorf("refreshed at %v, want %v", at, want)
+		}
+		if got := strings.Count(logs.String(), `level=DEBUG msg="cannot read the gauge" error="the database is down"`); got != 1 {
+			t.Errorf("logged %q, want the one failure", logs.String())
+		}
+	})
 }
