@@ -28,14 +28,14 @@ type ended struct {
 	parked   bool
 	parkedAt time.Time
 	attempts int
-	// removed, when set, runs after the dead letter is written and before the message is counted:
-	// what else its end needs (a parked message's removal from the park).
-	removed func(context.Context) error
+	// complete, when set, completes its end after its dead letter is written and before it is
+	// counted: a parked message's removal from the park.
+	complete func(context.Context) error
 }
 
 // finish settles a finished message m, the one place that does for every executor: it writes m's
 // dead letter when it failed, sets the span's outcome, counts it with its handle time, and logs it.
-// It returns an error only when the dead letter or m.removed fails (see partition.deadLetter):
+// It returns an error only when the dead letter or m.complete fails (see partition.deadLetter):
 // nothing of m is counted then.
 func (p *partition) finish(ctx context.Context, m ended) error {
 	outcome := string(m.outcome)
@@ -49,8 +49,8 @@ func (p *partition) finish(ctx context.Context, m ended) error {
 			p.c.metrics.signatureFailed(p.topic, fault.SignatureProblem(f.err))
 		}
 	}
-	if m.removed != nil {
-		if err := m.removed(ctx); err != nil {
+	if m.complete != nil {
+		if err := m.complete(ctx); err != nil {
 			return err
 		}
 	}

@@ -26,7 +26,7 @@ const commitInterval = 50 * time.Millisecond
 // partition consumes one partition for the generation that assigned it. One goroutine (run) owns
 // its state and goes round its steps, a file each:
 //
-//	fetch → schedule → apply → settle → commit
+//	fetch → schedule → apply → finish → settle → commit
 //
 // The messages fetched and not yet committed are its window (window.go), which the steps ask and
 // change: a fetcher goroutine fetches up to MaxInFlight messages ahead of the commit, and fetch
@@ -34,9 +34,10 @@ const commitInterval = 50 * time.Millisecond
 // messages the window says may start: the next message of every ordering key with nothing in
 // flight (see Config.Ordering), as a batch or one by one, within the route's gate (schedule.go).
 // apply takes a dispatch's messages to a finished state: applied, a duplicate, dead-lettered or
-// parked (apply.go, batch.go). settle marks them finished in the window, freeing their keys, or
-// abandoned, their keys kept (settle.go). commit commits the offset after the highest contiguous
-// finished message and drops those messages from the window (commit.go).
+// parked (apply.go, batch.go); finish ends each finished one, whichever executor ran it: its dead
+// letter, span, metrics and log line (finish.go). settle marks them finished in the window,
+// freeing their keys, or abandoned, their keys kept (settle.go). commit commits the offset after
+// the highest contiguous finished message and drops those messages from the window (commit.go).
 type partition struct {
 	c      *Consumer
 	route  *route

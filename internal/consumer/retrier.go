@@ -289,16 +289,16 @@ func (r *retrier) reschedule(ctx context.Context, m inbox.Parked, res result, d 
 func (r *retrier) deadLetterAndRemove(ctx context.Context, m inbox.Parked, span tracing.Span, f failure, log *slog.Logger) {
 	end := r.ended(m, span, "", f.attempts, log)
 	end.failure = &f
-	written := false
-	end.removed = func(ctx context.Context) error {
-		written = true
+	deadLettered := false
+	end.complete = func(ctx context.Context) error {
+		deadLettered = true
 		err := r.p.c.config.Store.Park().Remove(ctx, m)
 		if err != nil {
 			r.settleFailed(ctx, "remove the dead-lettered message from the park", err, log)
 		}
 		return err
 	}
-	if err := r.leave(ctx, m, end); err != nil && !written && ctx.Err() == nil {
+	if err := r.leave(ctx, m, end); err != nil && !deadLettered && ctx.Err() == nil {
 		log.ErrorContext(ctx, "cannot dead-letter the parked message; it stays parked", "error", err)
 		r.release(ctx, m, r.p.c.config.Retry.InitialInterval, log)
 	}
