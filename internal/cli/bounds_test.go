@@ -10,6 +10,7 @@ import (
 	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/envflag"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
+	"github.com/inboxworker/inboxworker/internal/settings"
 	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
@@ -55,7 +56,7 @@ var compatible = map[string]string{"RETRY_INITIAL_INTERVAL": "10ms", "RETRY_MAX_
 	"RECONCILE_AFTER": "1s", "RECONCILE_MAX_AGE": "8760h"}
 
 // commandOf is a command that reads s.
-func commandOf(t *testing.T, s *setting) string {
+func commandOf(t *testing.T, s *settings.Var) string {
 	t.Helper()
 	for _, c := range commands() {
 		if s.Use&c.use != 0 {
@@ -109,7 +110,7 @@ func TestBoundsPassTheWorker(t *testing.T) {
 	db := pgtest.Schema(t)
 	logger := testlog.New(t)
 	for _, s := range settingsOf(bundledRoutes) {
-		if s.Bound == nil || s.Use&useWorker == 0 {
+		if s.Bound == nil || s.Use&settings.UseWorker == 0 {
 			continue
 		}
 		e := edgesOf(t, s.Bound)

@@ -5,15 +5,15 @@
 // broker plus the worker), demo (dev plus a generated stream and a summary), replay (put dead
 // letters back on their original topic), parked (the park, seen and handled by hand) and inspect
 // (what the database knows of one idempotency key); each is declared in a file of its own. Every
-// setting is one entry of the table in config.go. Each route (topic, inbox name, retention,
-// handler) is wired once, in run.go. Configuration errors and unreachable dependencies end the
+// setting is one entry of the table of package settings. Each route (topic, inbox name, retention,
+// handler) is one row of routes.go, wired in run.go. Configuration errors and unreachable dependencies end the
 // process with exit code 1 and one line naming the setting; secrets never reach the output.
 //
 // cli holds no business logic and no protocol work: the order state machine, SMS sending, the
 // inbox and the Kafka runtime live in their own packages, and so do what the commands do beyond
 // wiring: waiting for the dependencies (startup), replaying dead letters (replay), reading what the
 // database knows of a key (inspect), the demo's scenario (demo), the embedded broker (devbroker),
-// reading settings (envflag) and masking secrets (redact).
+// the settings and reading them (settings, envflag) and masking secrets (redact).
 package cli
 
 import (
@@ -25,6 +25,7 @@ import (
 	"strings"
 
 	"github.com/inboxworker/inboxworker/internal/envflag"
+	"github.com/inboxworker/inboxworker/internal/settings"
 	"github.com/inboxworker/inboxworker/internal/tracing"
 )
 
@@ -66,7 +67,7 @@ type command struct {
 	// use is the command's bit: it reads the settings whose use includes it.
 	use uint64
 	// flags are the command's own flags, flag-only, bound to what its run reads.
-	flags []*setting
+	flags []*settings.Var
 	// defaults describes the command's own defaults, where they differ from the settings', by env name.
 	defaults map[string]string
 	// maxArgs is how many positional arguments it takes.
@@ -142,13 +143,13 @@ func (a *app) main(ctx context.Context, args []string) error {
 // resolve resolves the command's settings (see resolve) and, for a command that traces, checks
 // OpenTelemetry's OTEL_* variables: one the worker cannot honour is refused as a bad setting is,
 // before anything starts.
-func (c *command) resolve(fs *envflag.Set[Config], getenv func(string) string, routes []routeRow, all []*setting) (*Config, error) {
+func (c *command) resolve(fs *envflag.Set[settings.Config], getenv func(string) string, routes []routeRow, all []*settings.Var) (*Config, error) {
 	cfg, err := resolve(fs, getenv, routes, all)
 	if err != nil {
 		return nil, err
 	}
-	cfg.used = c.selected(all)
-	if c.use&useTracing != 0 {
+	cfg.Use(c.selected(all))
+	if c.use&settings.UseTracing != 0 {
 		if err := tracing.Check(getenv); err != nil {
 			return nil, err
 		}
@@ -166,11 +167,11 @@ func findCommand(name string) *command {
 }
 
 // settings are the binary's settings, its routes' among them.
-func (a *app) settings() []*setting { return settingsOf(a.routes) }
+func (a *app) settings() []*settings.Var { return settingsOf(a.routes) }
 
 // selected returns the command's settings of all, in their order, then its own flags.
-func (c *command) selected(all []*setting) []*setting {
-	var out []*setting
+func (c *command) selected(all []*settings.Var) []*settings.Var {
+	var out []*settings.Var
 	for _, s := range all {
 		if s.Use&c.use != 0 {
 			out = append(out, s)
@@ -179,7 +180,7 @@ func (c *command) selected(all []*setting) []*setting {
 	return append(out, c.flags...)
 }
 
-func usage(w io.Writer, settings []*setting) {
+func usage(w io.Writer, vars []*settings.Var) {
 	fmt.Fprint(w, `worker consumes Kafka payment callbacks and SMS events and applies each one exactly once,
 recording its idempotency key in a Postgres inbox in the same transaction as its effect.
 
@@ -187,7 +188,7 @@ Usage: worker COMMAND [flags]
 
 Commands:
 `)
-	all := settings
+	all := vars
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
 		all = append(all[:len(all):len(all)], c.flags...)
@@ -201,7 +202,7 @@ Flags:
 	envflag.PrintHelp(w, all, nil)
 }
 
-func (c *command) usage(w io.Writer, all []*setting) {
+func (c *command) usage(w io.Writer, all []*settings.Var) {
 	fmt.Fprintf(w, "Usage: worker %s [flags]", c.name)
 	if c.args != "" {
 		fmt.Fprintf(w, " %s", c.args)

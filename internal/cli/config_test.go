@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/envflag"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
+	"github.com/inboxworker/inboxworker/internal/settings"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -274,10 +276,10 @@ func TestDefaults(t *testing.T) {
 		}
 	}
 	cfg := parseConfig(t, nil, "run")
-	want := Config{
+	want := settings.Config{
 		KafkaBrokers: []string{"127.0.0.1:9092"}, KafkaGroupID: "inboxworker", KafkaSessionTimeout: 10 * time.Second,
 		DatabaseURL: "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-		Routes: map[string]*routeSettings{
+		Routes: map[string]*settings.RouteSettings{
 			paymentsInbox:      {Topic: "payments.callbacks", Concurrency: 4},
 			smsInbox:           {Topic: "notifications.sms", Concurrency: 128},
 			paymentEventsInbox: {Topic: "payments.events", Concurrency: 4},
@@ -294,14 +296,27 @@ func TestDefaults(t *testing.T) {
 		LogLevel: slog.LevelInfo, LogFormat: "json", LogOutcomes: true, DevKafkaAddr: "127.0.0.1:9092",
 	}
 	for name, r := range want.Routes {
-		if got := *cfg.route(name); got != *r {
+		if got := *cfg.Route(name); got != *r {
 			t.Errorf("route %s defaults to %+v, want %+v", name, got, *r)
 		}
 	}
-	cfg.resolved, cfg.used, cfg.routes, cfg.settings, cfg.Routes, want.Routes = nil, nil, nil, nil, nil, nil
-	if got, want := fmt.Sprintf("%+v", *cfg), fmt.Sprintf("%+v", want); got != want {
+	got := *cfg.Config
+	got.Routes, want.Routes = nil, nil
+	if got, want := exportedFields(got), exportedFields(want); got != want {
 		t.Errorf("defaults:\n got %s\nwant %s", got, want)
 	}
+}
+
+// exportedFields is c's exported fields and their values, as %+v prints them.
+func exportedFields(c settings.Config) string {
+	v := reflect.ValueOf(c)
+	var b strings.Builder
+	for i := range v.NumField() {
+		if f := v.Type().Field(i); f.IsExported() {
+			fmt.Fprintf(&b, "%s:%+v ", f.Name, v.Field(i).Interface())
+		}
+	}
+	return b.String()
 }
 
 // parseConfig resolves the configuration of command from env and args as Main would.
@@ -360,7 +375,7 @@ func TestHelp(t *testing.T) {
 				t.Errorf("--help does not list command %s", c.name)
 			}
 		}
-		checkFlagsListed(t, r.stdout, settings, nil)
+		checkFlagsListed(t, r.stdout, settingsOf(nil), nil)
 	})
 	for _, c := range commands() {
 		t.Run(strings.ToUpper(c.name[:1])+c.name[1:], func(t *testing.T) {
@@ -380,7 +395,7 @@ func TestHelp(t *testing.T) {
 	}
 }
 
-func checkFlagsListed(t *testing.T, help string, ss []*setting, defaults map[string]string) {
+func checkFlagsListed(t *testing.T, help string, ss []*settings.Var, defaults map[string]string) {
 	t.Helper()
 	for _, s := range ss {
 		line := ""
@@ -409,7 +424,7 @@ func TestStartupLogMasksSecrets(t *testing.T) {
 		"KAFKA_SASL_MECHANISM": "scram-sha-512", "KAFKA_USERNAME": "app", "KAFKA_PASSWORD": "kafka-s3cret",
 		"SMS_PROVIDER_URL": "https://sms.example/send", "SMS_PROVIDER_TOKEN": "token-s3cret",
 	}, "run")
-	cfg.used = findCommand("run").selected(settingsOf(bundledRoutes))
+	cfg.Use(findCommand("run").selected(settingsOf(bundledRoutes)))
 	var out bytes.Buffer
 	logStart(context.Background(), slog.New(slog.NewJSONHandler(&out, nil)), "run", cfg)
 	if strings.Contains(out.String(), "s3cret") {
@@ -457,7 +472,7 @@ func TestSMSTrafficSettings(t *testing.T) {
 	if got := cfg.SMSRecipientLimits.String(); got != "verify_code=1/1m;5/1h;10/24h" {
 		t.Errorf("SMSRecipientLimits = %s", got)
 	}
-	if shown := cfg.resolved.Shown["SMS_RECIPIENT_LIMIT"]; shown != "verify_code=10/24h;1/1m;5/1h" {
+	if shown := cfg.Shown("SMS_RECIPIENT_LIMIT"); shown != "verify_code=10/24h;1/1m;5/1h" {
 		t.Errorf("the startup line shows %q", shown)
 	}
 	if cfg := parseConfig(t, nil, "run"); cfg.SMSValidity != nil || cfg.SMSRecipientLimits != nil {
@@ -474,7 +489,7 @@ func TestSigningKeysShown(t *testing.T) {
 	if got := strings.Join(cfg.PaymentSigningKeys.Names(), ","); got != "old,new" {
 		t.Errorf("keys %s, want old,new", got)
 	}
-	if shown := cfg.resolved.Shown["PAYMENT_SIGNING_KEYS"]; shown != "old,new" {
+	if shown := cfg.Shown("PAYMENT_SIGNING_KEYS"); shown != "old,new" {
 		t.Errorf("the startup line shows %q, want the names alone", shown)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/demo"
 	"github.com/inboxworker/inboxworker/internal/devbroker"
+	"github.com/inboxworker/inboxworker/internal/settings"
 	"github.com/inboxworker/inboxworker/internal/startup"
 )
 
@@ -23,7 +24,7 @@ func demoCommand() *command {
 			demo.Schema + " of DATABASE_URL, recreated on every run: no other data is touched.\n" +
 			"The broker listens on DEV_KAFKA_ADDR when it is set, else on any free local port.",
 		defaults: map[string]string{"DEV_KAFKA_ADDR": "any free local port", "LOG_FORMAT": "text"},
-		use:      useDemo,
+		use:      settings.UseDemo,
 		run:      runDemo,
 	}
 }
@@ -33,14 +34,14 @@ func demoCommand() *command {
 func runDemo(ctx context.Context, a *app, cfg *Config, _ []string) error {
 	ctx, cancel := context.WithTimeout(ctx, demo.Timeout)
 	defer cancel()
-	if !cfg.explicit("LOG_FORMAT") {
-		_ = cfg.override("LOG_FORMAT", "text") // the demo is watched by a person
+	if !cfg.Explicit("LOG_FORMAT") {
+		_ = cfg.Override("LOG_FORMAT", "text") // the demo is watched by a person
 	}
 	logger := newLogger(cfg, a.stderr)
-	cfg.receipts = true
+	cfg.Receipts = true
 
 	addr := "127.0.0.1:0"
-	if cfg.explicit("DEV_KAFKA_ADDR") {
+	if cfg.Explicit("DEV_KAFKA_ADDR") {
 		addr = cfg.DevKafkaAddr
 	}
 	broker, err := devbroker.Start(ctx, addr, cfg.devTopics(), cfg.DLQSuffix, logger)
@@ -55,7 +56,7 @@ func runDemo(ctx context.Context, a *app, cfg *Config, _ []string) error {
 // PAYMENT_STATUS_URL at it, unless the setting was given: the demo shows a lost callback found by
 // reconciliation. RECONCILE_AFTER, unless given, lets only the demo's lost order be asked about.
 func demoProvider(cfg *Config) (stop func(), err error) {
-	if cfg.explicit("PAYMENT_STATUS_URL") {
+	if cfg.Explicit("PAYMENT_STATUS_URL") {
 		return func() {}, nil
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -64,12 +65,12 @@ func demoProvider(cfg *Config) (stop func(), err error) {
 	}
 	srv := &http.Server{Handler: demo.StatusEndpoint(), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
-	if err := cfg.override("PAYMENT_STATUS_URL", "http://"+ln.Addr().String()+"/status"); err != nil {
+	if err := cfg.Override("PAYMENT_STATUS_URL", "http://"+ln.Addr().String()+"/status"); err != nil {
 		_ = srv.Close()
 		return nil, err
 	}
-	if !cfg.explicit("RECONCILE_AFTER") {
-		if err := cfg.override("RECONCILE_AFTER", demo.ReconcileAfter); err != nil {
+	if !cfg.Explicit("RECONCILE_AFTER") {
+		if err := cfg.Override("RECONCILE_AFTER", demo.ReconcileAfter); err != nil {
 			_ = srv.Close()
 			return nil, err
 		}
@@ -80,12 +81,12 @@ func demoProvider(cfg *Config) (stop func(), err error) {
 // playDemo runs the worker and the demo's scenario against the broker at brokerAddr, whose topics
 // exist, and prints the summary.
 func playDemo(ctx context.Context, a *app, cfg *Config, logger *slog.Logger, brokerAddr string) error {
-	cfg.receipts = true
+	cfg.Receipts = true
 	// The address bound, for the worker and the startup line.
-	if err := cfg.override("KAFKA_BROKERS", brokerAddr); err != nil {
+	if err := cfg.Override("KAFKA_BROKERS", brokerAddr); err != nil {
 		return err
 	}
-	if err := cfg.override("DEV_KAFKA_ADDR", brokerAddr); err != nil {
+	if err := cfg.Override("DEV_KAFKA_ADDR", brokerAddr); err != nil {
 		return err
 	}
 	stopProvider, err := demoProvider(cfg)
@@ -119,8 +120,8 @@ func playDemo(ctx context.Context, a *app, cfg *Config, logger *slog.Logger, bro
 
 	fmt.Fprintf(a.stdout, "Demo: embedded Kafka broker on %s, Postgres schema %s (recreated).\n", brokerAddr, demo.Schema)
 	scenario := demo.Config{Broker: brokerAddr, Partitions: devbroker.Partitions, GroupID: cfg.KafkaGroupID,
-		TopicPayments: cfg.topic(paymentsInbox), TopicSMS: cfg.topic(smsInbox),
-		TopicPaymentEvents: cfg.topic(paymentEventsInbox), EventsInbox: paymentEventsInbox, DLQSuffix: cfg.DLQSuffix,
+		TopicPayments: cfg.Topic(paymentsInbox), TopicSMS: cfg.Topic(smsInbox),
+		TopicPaymentEvents: cfg.Topic(paymentEventsInbox), EventsInbox: paymentEventsInbox, DLQSuffix: cfg.DLQSuffix,
 		PaymentsInbox: paymentsInbox, Pool: pool, Metrics: w.registry, Out: a.stdout}
 	outcomes, err := demo.Play(ctx, scenario)
 	stopWorker()

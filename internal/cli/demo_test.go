@@ -31,7 +31,7 @@ func TestDemoAgainstTheTopics(t *testing.T) {
 	dbURL := freshDatabase(t)
 	cfg := parseConfig(t, map[string]string{"DATABASE_URL": dbURL, "HTTP_ADDR": "127.0.0.1:0"}, "demo")
 	log := testlog.New(t)
-	cfg.receipts = true // as runDemo: the order events' topic is one of the broker's
+	cfg.Receipts = true // as runDemo: the order events' topic is one of the broker's
 	broker, err := devbroker.Start(t.Context(), "127.0.0.1:0", cfg.devTopics(), cfg.DLQSuffix, log)
 	if err != nil {
 		t.Fatal(err)
@@ -43,7 +43,7 @@ func TestDemoAgainstTheTopics(t *testing.T) {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
 	cluster := &kafkatest.Cluster{Cluster: broker.Cluster, Addr: broker.Addr}
-	for _, topic := range []string{cfg.topic(paymentsInbox), cfg.topic(smsInbox)} { // the order events' have no dead letter
+	for _, topic := range []string{cfg.Topic(paymentsInbox), cfg.Topic(smsInbox)} { // the order events' have no dead letter
 		received, dead := 0, 0
 		reasons := map[string]int{}
 		for p := range devbroker.Partitions {

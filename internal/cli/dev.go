@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/inboxworker/inboxworker/internal/devbroker"
+	"github.com/inboxworker/inboxworker/internal/settings"
 )
 
 func devCommand() *command {
@@ -17,18 +18,18 @@ func devCommand() *command {
 			"the topics and their dead-letter topics created, prints how to produce to it, then runs the\n" +
 			"worker against it until stopped. SMS are only logged unless SMS_PROVIDER_URL is set.",
 		defaults: map[string]string{"LOG_FORMAT": "text"},
-		use:      useDev,
+		use:      settings.UseDev,
 		run:      dev,
 	}
 }
 
 // dev is `worker dev`.
 func dev(ctx context.Context, a *app, cfg *Config, _ []string) error {
-	if !cfg.explicit("LOG_FORMAT") {
-		_ = cfg.override("LOG_FORMAT", "text") // worker dev is watched by a person, as the demo is
+	if !cfg.Explicit("LOG_FORMAT") {
+		_ = cfg.Override("LOG_FORMAT", "text") // worker dev is watched by a person, as the demo is
 	}
 	logger := newLogger(cfg, a.stderr)
-	cfg.receipts = true
+	cfg.Receipts = true
 	broker, err := devbroker.Start(ctx, cfg.DevKafkaAddr, cfg.devTopics(), cfg.DLQSuffix, logger)
 	if err != nil {
 		return err
@@ -58,6 +59,6 @@ Produce with any Kafka client, e.g. kcat:
 Read the dead letters with:
   kcat -C -b %[1]s -t %[2]s%[4]s -f '%%k %%h %%s\n'
 
-`, addr, cfg.topic(paymentsInbox), cfg.topic(smsInbox), cfg.DLQSuffix, devbroker.Partitions,
-		strings.Join(cfg.topics(), ", "))
+`, addr, cfg.Topic(paymentsInbox), cfg.Topic(smsInbox), cfg.DLQSuffix, devbroker.Partitions,
+		strings.Join(cfg.Topics(), ", "))
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/inboxworker/inboxworker/internal/settings"
 )
 
 // readyCheck reports why the worker cannot take traffic, or nil when it can.
@@ -29,7 +31,7 @@ type opsServer struct {
 func listenOps(addr string, reg *prometheus.Registry, ready readyCheck, logger *slog.Logger) (*opsServer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, &settingError{Name: "HTTP_ADDR", Err: err}
+		return nil, &settings.Error{Name: "HTTP_ADDR", Err: err}
 	}
 	s := &opsServer{listener: ln, logger: logger}
 	mux := http.NewServeMux()

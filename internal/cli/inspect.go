@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/inboxworker/inboxworker/internal/inspect"
+	"github.com/inboxworker/inboxworker/internal/settings"
 )
 
 // inspectCommand is `worker inspect KEY`: what the database knows of one idempotency key.
@@ -26,11 +27,11 @@ func inspectCommand() *command {
 			"A key that nothing in the database knows ends with exit code 1 and one line saying where it\n" +
 			"looked: a key purged after its retention, and a dead letter in a dead-letter topic (see\n" +
 			"worker replay DLQ_TOPIC --dry-run), leave no trace in the database.",
-		use: useInspect,
-		flags: []*setting{
+		use: settings.UseInspect,
+		flags: []*settings.Var{
 			{Flag: "route", Meta: "NAME",
 				Usage: "look only in the route NAME (payments or sms) or the route of topic NAME (unset: every route)",
-				Set:   func(_ *Config, v string) error { route = v; return nil }},
+				Set:   func(_ *settings.Config, v string) error { route = v; return nil }},
 		},
 		run: func(ctx context.Context, a *app, cfg *Config, args []string) error {
 			if len(args) == 0 {
@@ -40,7 +41,7 @@ func inspectCommand() *command {
 			logStart(ctx, logger, "inspect", cfg)
 			var rs []inspect.Route
 			for _, r := range cfg.routes {
-				rs = append(rs, inspect.Route{Name: r.name, Topic: cfg.topic(r.name), Kind: r.inspect})
+				rs = append(rs, inspect.Route{Name: r.Name, Topic: cfg.Topic(r.Name), Kind: r.inspect})
 			}
 			return inspect.Run(ctx, inspect.Config{Key: args[0], Route: route, Routes: rs, DLQSuffix: cfg.DLQSuffix,
 				Postgres: postgres(cfg, logger, ""), Out: a.stdout})

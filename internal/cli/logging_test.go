@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/inboxworker/inboxworker/internal/settings"
 )
 
 // TestLoggerDurations checks that the JSON logs give durations as Go's duration strings ("1.75s"),
@@ -15,7 +17,7 @@ import (
 func TestLoggerDurations(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer
-	logger := newLogger(&Config{LogFormat: "json", LogLevel: slog.LevelInfo}, &buf)
+	logger := newLogger(&Config{Config: &settings.Config{LogFormat: "json", LogLevel: slog.LevelInfo}}, &buf)
 	logger.With("timeout", 30*time.Second).Info("m", "delay", 1750*time.Millisecond,
 		slog.Group("g", slog.Duration("took", 2*time.Millisecond)), "n", 7)
 	var entry map[string]any
@@ -34,7 +36,7 @@ func TestLoggerDurations(t *testing.T) {
 	}
 
 	buf.Reset()
-	newLogger(&Config{LogFormat: "text", LogLevel: slog.LevelInfo}, &buf).Info("m", "delay", 1750*time.Millisecond)
+	newLogger(&Config{Config: &settings.Config{LogFormat: "text", LogLevel: slog.LevelInfo}}, &buf).Info("m", "delay", 1750*time.Millisecond)
 	if !strings.Contains(buf.String(), "delay=1.75s") {
 		t.Errorf("text line %q has no delay=1.75s", buf.String())
 	}

@@ -29,7 +29,7 @@ func TestStartupLogMasksEveryURL(t *testing.T) {
 		t.Fatalf("URL settings %v: want DATABASE_URL and SMS_PROVIDER_URL at least", urls)
 	}
 	cfg := parseConfig(t, env, "run")
-	cfg.used = findCommand("run").selected(settingsOf(bundledRoutes))
+	cfg.Use(findCommand("run").selected(settingsOf(bundledRoutes)))
 	var out bytes.Buffer
 	logStart(context.Background(), slog.New(slog.NewJSONHandler(&out, nil)), "run", cfg)
 	if strings.Contains(out.String(), "s3cret") {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"text/tabwriter"
 
+	"github.com/inboxworker/inboxworker/internal/settings"
 	"github.com/inboxworker/inboxworker/internal/startup"
 	"github.com/inboxworker/inboxworker/migrations"
 )
@@ -17,7 +18,7 @@ func migrateCommand() *command {
 		summary: "apply pending migrations and exit; `migrate status` lists them",
 		details: "Applies pending migrations to DATABASE_URL and exits. With `status`, lists every\n" +
 			"migration and whether it has been applied, and changes nothing.",
-		use: useMigrate,
+		use: settings.UseMigrate,
 		run: migrate,
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/inboxworker/inboxworker/internal/parked"
+	"github.com/inboxworker/inboxworker/internal/settings"
 )
 
 // parkedCommand is `worker parked list|retry|dead-letter`: what waits in the park, and an operator's
@@ -35,7 +36,7 @@ func parkedCommand() *command {
 			"                        the worker is retrying at that moment is refused: try again.\n" +
 			"\n" +
 			"Only dead-letter connects to Kafka.",
-		use: useParked,
+		use: settings.UseParked,
 		run: runParked,
 	}
 }

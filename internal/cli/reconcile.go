@@ -46,7 +46,7 @@ func newReconciliation(cfg *Config, pool *pgxpool.Pool, reg prometheus.Registere
 	if err != nil {
 		return nil, err
 	}
-	payments, err := payment.NewHandler(payment.Config{EventsTopic: cfg.topic(paymentEventsInbox), Logger: logger})
+	payments, err := payment.NewHandler(payment.Config{EventsTopic: cfg.Topic(paymentEventsInbox), Logger: logger})
 	if err != nil {
 		return nil, err
 	}

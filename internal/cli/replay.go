@@ -7,6 +7,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/envflag"
 	"github.com/inboxworker/inboxworker/internal/replay"
+	"github.com/inboxworker/inboxworker/internal/settings"
 )
 
 func replayCommand() *command {
@@ -34,17 +35,17 @@ func replayCommand() *command {
 			"replayed after; a row another replay holds is skipped, and the claim of a replay that died\n" +
 			"lapses after 2 minutes, when the next replay takes the row. Try --dry-run first, and replay\n" +
 			"only the --reason whose cause you fixed.",
-		use: useReplay,
-		flags: []*setting{
+		use: settings.UseReplay,
+		flags: []*settings.Var{
 			{Flag: "reason", Meta: "REASON",
 				Usage: "replay only the dead letters whose reason is REASON (unset: all)",
-				Set:   func(_ *Config, v string) error { opts.Reason = v; return nil }},
+				Set:   func(_ *settings.Config, v string) error { opts.Reason = v; return nil }},
 			{Flag: "dry-run", Default: "false",
 				Usage: "print what would be replayed and write nothing",
-				Set:   func(_ *Config, v string) error { return envflag.Bool(&opts.DryRun, v) }},
+				Set:   func(_ *settings.Config, v string) error { return envflag.Bool(&opts.DryRun, v) }},
 			{Flag: "limit", Meta: "N",
 				Usage: "replay at most N dead letters (unset: all)",
-				Set:   func(_ *Config, v string) error { return envflag.Limit(&opts.Limit, v) }},
+				Set:   func(_ *settings.Config, v string) error { return envflag.Limit(&opts.Limit, v) }},
 		},
 		run: func(ctx context.Context, a *app, cfg *Config, args []string) error {
 			return runReplay(ctx, a, cfg, args, opts)

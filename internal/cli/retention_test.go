@@ -103,7 +103,7 @@ func TestSettleRetention(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Log(buf.String())
-			if got, sms := cfg.route(paymentsInbox).Retention, cfg.route(smsInbox).Retention; got != tt.payments || sms != tt.sms {
+			if got, sms := cfg.Route(paymentsInbox).Retention, cfg.Route(smsInbox).Retention; got != tt.payments || sms != tt.sms {
 				t.Errorf("settled payments %s, sms %s; want %s, %s", got, sms, tt.payments, tt.sms)
 			}
 			info := map[string]line{}

@@ -14,12 +14,13 @@ import (
 
 	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/envflag"
+	"github.com/inboxworker/inboxworker/internal/settings"
 	"github.com/inboxworker/inboxworker/internal/testlog"
 )
 
 // audit is a third route, as a team would add one: a package with its handler, and a row.
-var audit = routeRow{name: "audit", topic: "audit.events", what: "audit event",
-	concurrency: 2, maxConcurrency: 8, concurrencyHelp: "most audit transactions at once",
+var audit = routeRow{Route: settings.Route{Name: "audit", Topic: "audit.events", What: "audit event",
+	Concurrency: 2, MaxConcurrency: 8, ConcurrencyHelp: "most audit transactions at once"},
 	handler: func(*Config, routeDeps) (inboxworker.Route, error) {
 		return inboxworker.Route{Handler: inboxworker.HandlerFunc(
 			func(context.Context, pgx.Tx, inboxworker.Delivery) error { return nil })}, nil
@@ -58,10 +59,10 @@ func TestThirdRoute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := *cfg.route("audit"); got != (routeSettings{Topic: "audit.v2", Concurrency: 3}) {
+	if got := *cfg.Route("audit"); got != (settings.RouteSettings{Topic: "audit.v2", Concurrency: 3}) {
 		t.Errorf("the audit route's settings %+v", got)
 	}
-	if got := cfg.topics(); !slices.Equal(got, []string{"payments.callbacks", "notifications.sms", "audit.v2"}) {
+	if got := cfg.Topics(); !slices.Equal(got, []string{"payments.callbacks", "notifications.sms", "audit.v2"}) {
 		t.Errorf("topics %q, want the audit route's after the bundled ones", got)
 	}
 	built, err := cfg.workerRoutes(routeDeps{logger: testlog.New(t)})

@@ -18,6 +18,7 @@ import (
 	"github.com/inboxworker/inboxworker"
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/redact"
+	"github.com/inboxworker/inboxworker/internal/settings"
 	"github.com/inboxworker/inboxworker/internal/startup"
 	"github.com/inboxworker/inboxworker/internal/tracing"
 	"github.com/inboxworker/inboxworker/migrations"
@@ -32,7 +33,7 @@ func runCommand() *command {
 			"SHUTDOWN_TIMEOUT, commits their offsets and exits 0. Serves /healthz, /readyz and /metrics\n" +
 			"on HTTP_ADDR and purges expired idempotency keys in the background. Traces over OTLP/HTTP\n" +
 			"when OpenTelemetry's OTEL_EXPORTER_OTLP_ENDPOINT is set (see docs/operations.md).",
-		use: useRun,
+		use: settings.UseRun,
 		run: func(ctx context.Context, a *app, cfg *Config, _ []string) error {
 			logger := newLogger(cfg, a.stderr)
 			logStart(ctx, logger, "run", cfg)
@@ -48,7 +49,7 @@ func runCommand() *command {
 // logStart writes the startup line: the command and its effective configuration, secrets masked.
 func logStart(ctx context.Context, logger *slog.Logger, command string, cfg *Config) {
 	logger.LogAttrs(ctx, slog.LevelInfo, "starting", slog.String("command", command),
-		slog.Attr{Key: "config", Value: slog.GroupValue(cfg.startupAttrs()...)})
+		slog.Attr{Key: "config", Value: slog.GroupValue(cfg.StartupAttrs()...)})
 }
 
 type workerOptions struct {
@@ -132,14 +133,14 @@ func checkKafka(ctx context.Context, cfg *Config, logger *slog.Logger) error {
 	active := cfg.active()
 	topics := make([]startup.Topic, len(active))
 	for i, r := range active {
-		topics[i] = startup.Topic{Name: cfg.topic(r.name), InboxRetention: cfg.route(r.name).Retention,
-			RetentionSetting: "INBOX_RETENTION_" + strings.ToUpper(r.name)}
+		topics[i] = startup.Topic{Name: cfg.Topic(r.Name), InboxRetention: cfg.Route(r.Name).Retention,
+			RetentionSetting: "INBOX_RETENTION_" + strings.ToUpper(r.Name)}
 	}
 	if err := startup.CheckKafka(ctx, kafkaOf(cfg, logger), topics); err != nil {
 		return err
 	}
 	for i, r := range active {
-		cfg.route(r.name).Retention = topics[i].InboxRetention
+		cfg.Route(r.Name).Retention = topics[i].InboxRetention
 	}
 	return nil
 }
@@ -254,7 +255,7 @@ func smsSender(cfg *Config, logger *slog.Logger, tracer *tracing.Tracer) (notify
 // providerSender is the HTTP gateway of SMS_PROVIDER_URL, nil when it is unset, tracing its
 // requests with tracer. The sender checks the URL and the token itself; its errors are told here in
 // the settings' terms, without the token and with the URL masked.
-func providerSender(cfg *Config, tracer *tracing.Tracer) (*notify.HTTPSender, *settingError) {
+func providerSender(cfg *Config, tracer *tracing.Tracer) (*notify.HTTPSender, *settings.Error) {
 	if cfg.SMSProviderURL == "" {
 		return nil, nil
 	}
@@ -262,9 +263,9 @@ func providerSender(cfg *Config, tracer *tracing.Tracer) (*notify.HTTPSender, *s
 		Timeout: cfg.SMSProviderTimeout, Tracer: tracer})
 	switch {
 	case errors.Is(err, notify.ErrInvalidToken):
-		return nil, &settingError{Name: "SMS_PROVIDER_TOKEN", Err: errors.New("must be printable ASCII without spaces")}
+		return nil, &settings.Error{Name: "SMS_PROVIDER_TOKEN", Err: errors.New("must be printable ASCII without spaces")}
 	case err != nil:
-		return nil, &settingError{Name: "SMS_PROVIDER_URL",
+		return nil, &settings.Error{Name: "SMS_PROVIDER_URL",
 			Err: fmt.Errorf("invalid URL %q (want http:// or https://)", redact.URL(cfg.SMSProviderURL))}
 	}
 	return sender, nil

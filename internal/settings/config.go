@@ -1,4 +1,4 @@
-package cli
+package settings
 
 import (
 	"cmp"
@@ -13,7 +13,7 @@ import (
 )
 
 // Config is the worker's configuration: every variable of the contract, read from the environment
-// and overridden by its flag. Each field's default is its setting's, in the table settings.
+// and overridden by its flag. Each field's default is its setting's, in the table vars.
 type Config struct {
 	KafkaBrokers        []string
 	KafkaGroupID        string
@@ -26,7 +26,7 @@ type Config struct {
 	DatabaseURL string
 
 	// Routes are the settings of each route (routes.go), by name.
-	Routes    map[string]*routeSettings
+	Routes    map[string]*RouteSettings
 	DLQSuffix string
 	// OutboxRetention is how long an event stays in the outbox table, from when it was written; an
 	// event is never purged before it is published.
@@ -50,7 +50,7 @@ type Config struct {
 	SMSProviderURL   string
 	SMSProviderToken string
 	// SMSProviderTimeout bounds each request to the provider, its answer included. The SMS route's
-	// lease is twice it (smsCallLease).
+	// lease is twice it (Config.SMSCallLease).
 	SMSProviderTimeout time.Duration
 	// SMSValidity and SMSRecipientLimits decline SMS too old to be of use, and over their
 	// recipient's limits (package notify); nil: none.
@@ -90,39 +90,39 @@ type Config struct {
 
 	DevKafkaAddr string
 
-	// receipts consumes the order events (the payment-received SMS) whatever TOPIC_PAYMENT_EVENTS
-	// says: worker dev and worker demo, whose embedded broker creates the topic.
-	receipts bool
+	// Receipts consumes the optional routes (the order events, which ask for the payment-received
+	// SMS) unless turned off ("-"), whether their topics were set or not: worker dev and worker
+	// demo, whose embedded broker creates the topics.
+	Receipts bool
 
 	// NoMigrate skips the migrations at start (worker run --no-migrate). A flag only.
 	NoMigrate bool
 
-	// routes are the binary's routes (bundledRoutes, unless a test adds one), and settings the
-	// settings they make (settingsOf).
-	routes   []routeRow
-	settings []*setting
+	// routes are the binary's routes, and all the settings they make (All).
+	routes []Route
+	all    []*Var
 	// used are the settings of the command being run, for the startup log line.
-	used []*setting
+	used []*Var
 	// resolved is where each setting came from and how the startup line shows it.
 	resolved *envflag.Resolved
 }
 
-// settings are every configuration variable but the routes' (routes.go), in the order --help and
+// vars are every configuration variable but the routes' (routes.go), in the order --help and
 // the startup log list them.
 // Each entry is all there is to a setting (variable, flag, default, help, how the startup line
 // shows it, which commands read it, its parser): adding one is adding an entry and its field.
-var settings = []*setting{
-	{Env: "KAFKA_BROKERS", Flag: "kafka-brokers", Default: "127.0.0.1:9092", Meta: "LIST", Use: useBrokers,
+var vars = []*Var{
+	{Env: "KAFKA_BROKERS", Flag: "kafka-brokers", Default: "127.0.0.1:9092", Meta: "LIST", Use: UseBrokers,
 		Usage: "comma-separated bootstrap brokers (host:port)",
 		Set:   func(c *Config, v string) error { return envflag.AddrList(&c.KafkaBrokers, v) }},
-	{Env: "KAFKA_GROUP_ID", Flag: "kafka-group-id", Default: "inboxworker", Meta: "NAME", Use: useTopics,
+	{Env: "KAFKA_GROUP_ID", Flag: "kafka-group-id", Default: "inboxworker", Meta: "NAME", Use: UseTopics,
 		Usage: "consumer group",
 		Set:   func(c *Config, v string) error { return envflag.NonEmpty(&c.KafkaGroupID, v) }},
-	{Env: "KAFKA_SESSION_TIMEOUT", Flag: "kafka-session-timeout", Default: "10s", Meta: "DURATION", Use: useWorker,
+	{Env: "KAFKA_SESSION_TIMEOUT", Flag: "kafka-session-timeout", Default: "10s", Meta: "DURATION", Use: UseWorker,
 		Usage: "how soon the group notices a dead worker and hands its partitions on",
 		Bound: envflag.Durations(500*time.Millisecond, 30*time.Minute),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.KafkaSessionTimeout, v) }},
-	{Env: "KAFKA_SASL_MECHANISM", Flag: "kafka-sasl-mechanism", Meta: "NAME", Use: useBrokers,
+	{Env: "KAFKA_SASL_MECHANISM", Flag: "kafka-sasl-mechanism", Meta: "NAME", Use: UseBrokers,
 		Shown: strings.ToUpper,
 		Usage: "SASL mechanism for managed Kafka: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (unset: no SASL)",
 		Set: func(c *Config, v string) error {
@@ -133,29 +133,29 @@ var settings = []*setting{
 			}
 			return fmt.Errorf("unknown mechanism %q (use PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)", v)
 		}},
-	{Env: "KAFKA_USERNAME", Flag: "kafka-username", Meta: "NAME", Use: useBrokers,
+	{Env: "KAFKA_USERNAME", Flag: "kafka-username", Meta: "NAME", Use: UseBrokers,
 		Usage: "SASL user name",
 		Set:   func(c *Config, v string) error { c.KafkaUsername = v; return nil }},
-	{Env: "KAFKA_PASSWORD", Flag: "kafka-password", Meta: "SECRET", Shown: secret, Use: useBrokers,
+	{Env: "KAFKA_PASSWORD", Flag: "kafka-password", Meta: "SECRET", Shown: secret, Use: UseBrokers,
 		Usage: "SASL password (never logged)",
 		Set:   func(c *Config, v string) error { c.KafkaPassword = v; return nil }},
-	{Env: "KAFKA_TLS", Flag: "kafka-tls", Default: "false", Use: useBrokers,
+	{Env: "KAFKA_TLS", Flag: "kafka-tls", Default: "false", Use: UseBrokers,
 		Usage: "connect to the brokers over TLS",
 		Set:   func(c *Config, v string) error { return envflag.Bool(&c.KafkaTLS, v) }},
-	{Env: "DATABASE_URL", Flag: "database-url", Meta: "URL", Shown: url, Use: useDatabase,
+	{Env: "DATABASE_URL", Flag: "database-url", Meta: "URL", Shown: url, Use: UseDatabase,
 		Default: "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 		Usage:   "Postgres holding the inbox and the business tables",
 		Set:     func(c *Config, v string) error { return parseDatabaseURL(&c.DatabaseURL, v) }},
-	{Env: "DLQ_SUFFIX", Flag: "dlq-suffix", Default: ".dlq", Meta: "SUFFIX", Use: useTopics | useReplay | useParked | useInspect,
+	{Env: "DLQ_SUFFIX", Flag: "dlq-suffix", Default: ".dlq", Meta: "SUFFIX", Use: UseTopics | UseReplay | UseParked | UseInspect,
 		Usage: "dead-letter topic = source topic + suffix",
 		Set:   func(c *Config, v string) error { return parseTopic(&c.DLQSuffix, v) }},
-	{Env: "PAYMENT_SIGNATURE", Flag: "payment-signature", Default: "off", Meta: "SCHEME", Use: useTopics,
+	{Env: "PAYMENT_SIGNATURE", Flag: "payment-signature", Default: "off", Meta: "SCHEME", Use: UseTopics,
 		Usage: "off, or standard-webhooks: every payment callback must carry a valid webhook-signature by a key of " +
 			"PAYMENT_SIGNING_KEYS, or it is dead-lettered bad_signature",
 		Set: func(c *Config, v string) error {
 			return envflag.OneOf(&c.PaymentSignature, v, "scheme", "off", "standard-webhooks")
 		}},
-	{Env: "PAYMENT_SIGNING_KEYS", Flag: "payment-signing-keys", Meta: "LIST", Shown: keyNames, Use: useTopics,
+	{Env: "PAYMENT_SIGNING_KEYS", Flag: "payment-signing-keys", Meta: "LIST", Shown: keyNames, Use: UseTopics,
 		Usage: "the keys payment callbacks are signed with, comma-separated NAME:whsec_<base64> (HMAC-SHA256 secret) or " +
 			"NAME:whpk_<base64> (Ed25519 public key); several while a key rotates (only the names are ever logged)",
 		Set: func(c *Config, v string) (err error) {
@@ -166,120 +166,120 @@ var settings = []*setting{
 			c.PaymentSigningKeys, err = signature.ParseKeys(v)
 			return err
 		}},
-	{Env: "PAYMENT_SIGNATURE_TOLERANCE", Flag: "payment-signature-tolerance", Default: "5m", Meta: "DURATION", Use: useTopics,
+	{Env: "PAYMENT_SIGNATURE_TOLERANCE", Flag: "payment-signature-tolerance", Default: "5m", Meta: "DURATION", Use: UseTopics,
 		Usage: "most time between a callback's webhook-timestamp and its record's timestamp, when the receiver produced it",
 		Bound: envflag.Durations(time.Second, 24*time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.PaymentSignatureTolerance, v) }},
-	{Env: "PAYMENT_STATUS_URL", Flag: "payment-status-url", Meta: "URL", Shown: url, Use: useTopics,
+	{Env: "PAYMENT_STATUS_URL", Flag: "payment-status-url", Meta: "URL", Shown: url, Use: UseTopics,
 		Usage: "the payment provider's status endpoint, asked about each order left PENDING (GET URL?order_no=…); " +
 			"unset: no reconciliation",
 		Set: func(c *Config, v string) error { c.PaymentStatusURL = v; return nil }},
-	{Env: "PAYMENT_STATUS_TOKEN", Flag: "payment-status-token", Meta: "SECRET", Shown: secret, Use: useTopics,
+	{Env: "PAYMENT_STATUS_TOKEN", Flag: "payment-status-token", Meta: "SECRET", Shown: secret, Use: UseTopics,
 		Usage: "sent to the status endpoint as Authorization: Bearer (never logged)",
 		Set:   func(c *Config, v string) error { c.PaymentStatusToken = v; return nil }},
-	{Env: "PAYMENT_STATUS_RATE_LIMIT", Flag: "payment-status-rate-limit", Default: "10", Meta: "N", Use: useTopics,
+	{Env: "PAYMENT_STATUS_RATE_LIMIT", Flag: "payment-status-rate-limit", Default: "10", Meta: "N", Use: UseTopics,
 		Usage: "most requests a second to the status endpoint, for the whole consumer group",
 		Bound: envflag.Counts(1, 10000),
 		Set:   func(c *Config, v string) error { return envflag.Positive(&c.PaymentStatusRateLimit, v) }},
-	{Env: "RECONCILE_AFTER", Flag: "reconcile-after", Default: "10m", Meta: "DURATION", Use: useTopics,
+	{Env: "RECONCILE_AFTER", Flag: "reconcile-after", Default: "10m", Meta: "DURATION", Use: UseTopics,
 		Usage: "how long after its creation a PENDING order is first asked about; then again at doubling intervals, at most an hour apart",
 		Bound: envflag.Durations(time.Second, 24*time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.ReconcileAfter, v) }},
-	{Env: "RECONCILE_MAX_AGE", Flag: "reconcile-max-age", Default: "72h", Meta: "DURATION", Use: useTopics,
+	{Env: "RECONCILE_MAX_AGE", Flag: "reconcile-max-age", Default: "72h", Meta: "DURATION", Use: UseTopics,
 		Usage: "the age after which a PENDING order is no longer asked about: left PENDING and counted, never cancelled",
 		Bound: envflag.Durations(time.Minute, 8760*time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.ReconcileMaxAge, v) }},
-	{Env: "SMS_PROVIDER_URL", Flag: "sms-provider-url", Meta: "URL", Shown: url, Use: useTopics,
+	{Env: "SMS_PROVIDER_URL", Flag: "sms-provider-url", Meta: "URL", Shown: url, Use: UseTopics,
 		Usage: "HTTP SMS gateway (unset: SMS are only logged, with a warning at start)",
 		Set:   func(c *Config, v string) error { c.SMSProviderURL = v; return nil }},
-	{Env: "SMS_PROVIDER_TOKEN", Flag: "sms-provider-token", Meta: "SECRET", Shown: secret, Use: useTopics,
+	{Env: "SMS_PROVIDER_TOKEN", Flag: "sms-provider-token", Meta: "SECRET", Shown: secret, Use: UseTopics,
 		Usage: "sent to the SMS gateway as Authorization: Bearer (never logged)",
 		Set:   func(c *Config, v string) error { c.SMSProviderToken = v; return nil }},
-	{Env: "SMS_PROVIDER_TIMEOUT", Flag: "sms-provider-timeout", Default: "10s", Meta: "DURATION", Use: useTopics,
+	{Env: "SMS_PROVIDER_TIMEOUT", Flag: "sms-provider-timeout", Default: "10s", Meta: "DURATION", Use: UseTopics,
 		Usage: "how long the SMS gateway may take to answer a request; the send's lease is twice it, so that no " +
 			"other send of the key starts while the gateway may still be working on one the worker gave up on",
 		Bound: envflag.Durations(100*time.Millisecond, 15*time.Second),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.SMSProviderTimeout, v) }},
-	{Env: "SMS_VALIDITY", Flag: "sms-validity", Meta: "LIST", Use: useTopics,
+	{Env: "SMS_VALIDITY", Flag: "sms-validity", Meta: "LIST", Use: UseTopics,
 		Usage: "per template, how long after it was produced an SMS is still sent, e.g. verify_code=5m,login_code=2m " +
 			"(each 1s to 168h; an event's expires_at wins; unset: no expiry); an older one is recorded EXPIRED, not sent",
 		Set: func(c *Config, v string) (err error) { c.SMSValidity, err = notify.ParseValidity(v); return err }},
-	{Env: "SMS_RECIPIENT_LIMIT", Flag: "sms-recipient-limit", Meta: "LIST", Use: useTopics,
+	{Env: "SMS_RECIPIENT_LIMIT", Flag: "sms-recipient-limit", Meta: "LIST", Use: UseTopics,
 		Usage: "per template, the most SMS to one number in each window, e.g. verify_code=1/1m;5/1h;10/24h " +
 			"(counts 1 to 10000, periods 1s to 720h, at most 8 windows; unset: no limit); one over it is recorded SUPPRESSED, not sent",
 		Set: func(c *Config, v string) (err error) {
 			c.SMSRecipientLimits, err = notify.ParseRecipientLimits(v)
 			return err
 		}},
-	{Env: "RETRY_INITIAL_INTERVAL", Flag: "retry-initial-interval", Default: "200ms", Meta: "DURATION", Use: useWorker,
+	{Env: "RETRY_INITIAL_INTERVAL", Flag: "retry-initial-interval", Default: "200ms", Meta: "DURATION", Use: UseWorker,
 		Usage: "first backoff of a retryable handler error (exponential, with jitter)",
 		Bound: envflag.Durations(10*time.Millisecond, time.Minute),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryInitialInterval, v) }},
-	{Env: "RETRY_MAX_INTERVAL", Flag: "retry-max-interval", Default: "30s", Meta: "DURATION", Use: useWorker,
+	{Env: "RETRY_MAX_INTERVAL", Flag: "retry-max-interval", Default: "30s", Meta: "DURATION", Use: UseWorker,
 		Usage: "longest backoff between two attempts",
 		Bound: envflag.Durations(10*time.Millisecond, time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryMaxInterval, v) }},
-	{Env: "RETRY_MAX_ELAPSED", Flag: "retry-max-elapsed", Default: "5m", Meta: "DURATION", Use: useWorker | useParked,
+	{Env: "RETRY_MAX_ELAPSED", Flag: "retry-max-elapsed", Default: "5m", Meta: "DURATION", Use: UseWorker | UseParked,
 		Usage: "retry budget of one message, after which it is dead-lettered",
 		Bound: envflag.Durations(100*time.Millisecond, 7*24*time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryMaxElapsed, v) }},
-	{Env: "RETRY_PARK_AFTER", Flag: "retry-park-after", Default: "5s", Meta: "DURATION", Use: useWorker,
+	{Env: "RETRY_PARK_AFTER", Flag: "retry-park-after", Default: "5s", Meta: "DURATION", Use: UseWorker,
 		Usage: "how long a message is retried in place before it is parked, out of its partition's way (ORDERING=key)",
 		Bound: envflag.Durations(100*time.Millisecond, time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.RetryParkAfter, v) }},
-	{Env: "KILL_SWITCH_AFTER", Flag: "kill-switch-after", Default: "10", Meta: "N", Use: useWorker,
+	{Env: "KILL_SWITCH_AFTER", Flag: "kill-switch-after", Default: "10", Meta: "N", Use: UseWorker,
 		Usage: "failures of one kind, from 3 keys or more, that pause a route instead of retrying or dead-lettering " +
 			"the rest (in a row, or KILL_SWITCH_RATE of a minute's results)",
 		Bound: envflag.Counts(3, 1000),
 		Set:   func(c *Config, v string) error { return envflag.Positive(&c.KillSwitchAfter, v) }},
-	{Env: "KILL_SWITCH_RATE", Flag: "kill-switch-rate", Default: "50", Meta: "PERCENT", Use: useWorker,
+	{Env: "KILL_SWITCH_RATE", Flag: "kill-switch-rate", Default: "50", Meta: "PERCENT", Use: UseWorker,
 		Usage: "share of a minute's results that, failed, pauses a route once KILL_SWITCH_AFTER have failed",
 		Bound: envflag.Counts(1, 100),
 		Set:   func(c *Config, v string) error { return envflag.Positive(&c.KillSwitchRate, v) }},
 	{Env: "KILL_SWITCH_MAX_PROBE_INTERVAL", Flag: "kill-switch-max-probe-interval", Default: "30s", Meta: "DURATION",
-		Use:   useWorker,
+		Use:   UseWorker,
 		Usage: "longest wait between two probes of a paused route (the first after 1s, then doubling)",
 		Bound: envflag.Durations(time.Second, time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.KillSwitchMaxProbeInterval, v) }},
-	{Env: "OUTBOX_RETENTION", Flag: "outbox-retention", Default: "24h", Meta: "DURATION", Use: useWorker,
+	{Env: "OUTBOX_RETENTION", Flag: "outbox-retention", Default: "24h", Meta: "DURATION", Use: UseWorker,
 		Usage: "how long an event stays in the outbox table, from when it was written, before it is purged once published",
 		Bound: envflag.Durations(time.Minute, 720*time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.OutboxRetention, v) }},
-	{Env: "BATCH_SIZE", Flag: "batch-size", Default: "256", Meta: "N", Use: useWorker,
+	{Env: "BATCH_SIZE", Flag: "batch-size", Default: "256", Meta: "N", Use: UseWorker,
 		Usage: "most messages of one partition applied in one transaction (1: a transaction per message)",
 		Bound: envflag.Counts(1, 10000),
 		Set:   func(c *Config, v string) error { return envflag.Positive(&c.BatchSize, v) }},
-	{Env: "BATCH_WAIT", Flag: "batch-wait", Default: "5ms", Meta: "DURATION", Use: useWorker,
+	{Env: "BATCH_WAIT", Flag: "batch-wait", Default: "5ms", Meta: "DURATION", Use: UseWorker,
 		Usage: "how long a batch waits for more messages after its first",
 		Bound: envflag.Durations(time.Millisecond, time.Second),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.BatchWait, v) }},
-	{Env: "LAG_INTERVAL", Flag: "lag-interval", Default: "5s", Meta: "DURATION", Use: useWorker,
+	{Env: "LAG_INTERVAL", Flag: "lag-interval", Default: "5s", Meta: "DURATION", Use: UseWorker,
 		Usage: "how often the consumer_lag metric is refreshed",
 		Bound: envflag.Durations(100*time.Millisecond, 10*time.Minute),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.LagInterval, v) }},
 	{Env: "OFFSET_COMMIT_FAILURE_TIMEOUT", Flag: "offset-commit-failure-timeout", Default: "1m", Meta: "DURATION",
-		Use: useWorker, Usage: "how long offset commits may fail, none succeeding, before /readyz answers 503",
+		Use: UseWorker, Usage: "how long offset commits may fail, none succeeding, before /readyz answers 503",
 		Bound: envflag.Durations(time.Second, time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.CommitFailureTimeout, v) }},
-	{Env: "ORDERING", Flag: "ordering", Default: "key", Meta: "MODE", Use: useWorker,
+	{Env: "ORDERING", Flag: "ordering", Default: "key", Meta: "MODE", Use: UseWorker,
 		Usage: "which messages of a partition run one after another: those of one Kafka key (key), or all (partition)",
 		Set:   func(c *Config, v string) error { return envflag.OneOf(&c.Ordering, v, "ordering", "key", "partition") }},
-	{Env: "MAX_IN_FLIGHT", Flag: "max-in-flight", Default: "256", Meta: "N", Use: useWorker,
+	{Env: "MAX_IN_FLIGHT", Flag: "max-in-flight", Default: "256", Meta: "N", Use: UseWorker,
 		Usage: "most messages of one partition fetched and not yet committed",
 		Bound: envflag.Counts(1, 10000),
 		Set:   func(c *Config, v string) error { return envflag.Positive(&c.MaxInFlight, v) }},
-	{Env: "HTTP_ADDR", Flag: "http-addr", Default: ":8080", Meta: "ADDR", Use: useWorker,
+	{Env: "HTTP_ADDR", Flag: "http-addr", Default: ":8080", Meta: "ADDR", Use: UseWorker,
 		Usage: "address of /metrics, /healthz and /readyz",
 		Set:   func(c *Config, v string) error { return envflag.Addr(&c.HTTPAddr, v) }},
-	{Env: "SHUTDOWN_TIMEOUT", Flag: "shutdown-timeout", Default: "30s", Meta: "DURATION", Use: useWorker,
+	{Env: "SHUTDOWN_TIMEOUT", Flag: "shutdown-timeout", Default: "30s", Meta: "DURATION", Use: UseWorker,
 		Usage: "on SIGTERM, how long in-flight messages may take to finish",
 		Bound: envflag.Durations(time.Second, time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.ShutdownTimeout, v) }},
-	{Env: "STARTUP_TIMEOUT", Flag: "startup-timeout", Default: "15s", Meta: "DURATION", Use: useDatabase,
+	{Env: "STARTUP_TIMEOUT", Flag: "startup-timeout", Default: "15s", Meta: "DURATION", Use: UseDatabase,
 		Usage: "how long to wait for Postgres and Kafka at start before giving up",
 		Bound: envflag.Durations(100*time.Millisecond, time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.StartupTimeout, v) }},
-	{Env: "LOG_LEVEL", Flag: "log-level", Default: "info", Meta: "LEVEL", Use: useDatabase,
+	{Env: "LOG_LEVEL", Flag: "log-level", Default: "info", Meta: "LEVEL", Use: UseDatabase,
 		Usage: "debug, info, warn or error",
 		Set: func(c *Config, v string) error {
 			if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
@@ -287,7 +287,7 @@ var settings = []*setting{
 			}
 			return nil
 		}},
-	{Env: "LOG_FORMAT", Flag: "log-format", Default: "json", Meta: "FORMAT", Use: useDatabase,
+	{Env: "LOG_FORMAT", Flag: "log-format", Default: "json", Meta: "FORMAT", Use: UseDatabase,
 		Usage: "json (one object per line) or text (for people)",
 		Set: func(c *Config, v string) error {
 			switch v {
@@ -297,13 +297,13 @@ var settings = []*setting{
 			}
 			return fmt.Errorf("invalid format %q (use json or text)", v)
 		}},
-	{Env: "LOG_OUTCOMES", Flag: "log-outcomes", Default: "true", Use: useTopics,
+	{Env: "LOG_OUTCOMES", Flag: "log-outcomes", Default: "true", Use: UseTopics,
 		Usage: "log a line at info for each payment callback applied (false: at debug, for a worker applying more than its log should carry)",
 		Set:   func(c *Config, v string) error { return envflag.Bool(&c.LogOutcomes, v) }},
-	{Env: "DEV_KAFKA_ADDR", Flag: "dev-kafka-addr", Default: "127.0.0.1:9092", Meta: "ADDR", Use: useDev | useDemo,
+	{Env: "DEV_KAFKA_ADDR", Flag: "dev-kafka-addr", Default: "127.0.0.1:9092", Meta: "ADDR", Use: UseDev | UseDemo,
 		Usage: "where the embedded broker of worker dev and worker demo listens",
 		Set:   func(c *Config, v string) error { return envflag.Addr(&c.DevKafkaAddr, v) }},
-	{Flag: "no-migrate", Default: "false", Use: useRun,
+	{Flag: "no-migrate", Default: "false", Use: UseRun,
 		Usage: "do not apply pending migrations at start",
 		Set:   func(c *Config, v string) error { return envflag.Bool(&c.NoMigrate, v) }},
 }
@@ -330,12 +330,10 @@ func keyNames(v string) string {
 // from the topic.
 func settledFromTopic(v string) string { return cmp.Or(v, "from the topic") }
 
-// check validates settings against one another, once each is parsed. name tells how to name a
-// setting in an error.
-func (c *Config) check(name func(env string) string) error {
-	fail := func(env, format string, args ...any) error {
-		return &settingError{Name: name(env), Err: fmt.Errorf(format, args...)}
-	}
+// check validates settings against one another, once each is parsed, and then as extra does (the
+// binary's own checks, which build what a setting names); fail names a setting in an error as it
+// was given.
+func (c *Config) check(fail Fail, extra func(*Config, Fail) error) error {
 	if err := c.checkSASL(fail); err != nil {
 		return err
 	}
@@ -358,21 +356,30 @@ func (c *Config) check(name func(env string) string) error {
 	if err := c.checkTopics(fail); err != nil {
 		return err
 	}
-	if _, err := paymentStatus(c); err != nil {
-		return fail("PAYMENT_STATUS_URL", "%v", err)
-	}
-	// The provider's URL and token are checked by the sender itself, here rather than once the
-	// connections are made.
-	if _, se := providerSender(c, nil); se != nil {
-		se.Name = name(se.Name)
-		return se
+	if extra != nil {
+		return extra(c, fail)
 	}
 	return nil
 }
 
+// SMSCallLease is the SMS route's lease on a key while its send is out: twice SMS_PROVIDER_TIMEOUT.
+// The send gets two thirds of the lease, so the provider's timeout ends it first, with its own
+// error; the rest covers a send the provider may still be working on after the worker gave up on
+// it, during which no other send of the key starts. 0 (no timeout set): the route's default.
+func (c *Config) SMSCallLease() time.Duration { return 2 * c.SMSProviderTimeout }
+
+// OutcomeLevel is the level of the line logged for each message applied: info, unless LOG_OUTCOMES
+// is false.
+func (c *Config) OutcomeLevel() slog.Level {
+	if c.LogOutcomes {
+		return slog.LevelInfo
+	}
+	return slog.LevelDebug
+}
+
 // checkSASL says what is missing of the brokers' authentication: a mechanism needs a user and a
 // password, and they need a mechanism.
-func (c *Config) checkSASL(fail func(env, format string, args ...any) error) error {
+func (c *Config) checkSASL(fail Fail) error {
 	switch {
 	case c.KafkaSASLMechanism != "" && c.KafkaUsername == "":
 		return fail("KAFKA_USERNAME", "required with KAFKA_SASL_MECHANISM %s", c.KafkaSASLMechanism)
@@ -384,12 +391,19 @@ func (c *Config) checkSASL(fail func(env, format string, args ...any) error) err
 	return nil
 }
 
-// startupAttrs are the startup line's configuration: the settings of the command, as shown.
-func (c *Config) startupAttrs() []slog.Attr {
+// Shown is how the startup line shows the setting env: a secret masked, a URL's password, a
+// signing key by its name.
+func (c *Config) Shown(env string) string { return c.resolved.Shown[env] }
+
+// Use says which settings the command being run reads: the startup line's (StartupAttrs).
+func (c *Config) Use(used []*Var) { c.used = used }
+
+// StartupAttrs are the startup line's configuration: the settings of the command, as shown.
+func (c *Config) StartupAttrs() []slog.Attr {
 	var attrs []slog.Attr
 	for _, s := range c.used {
 		if s.Env != "" {
-			attrs = append(attrs, slog.String(s.Env, c.resolved.Shown[s.Env]))
+			attrs = append(attrs, slog.String(s.Env, c.Shown(s.Env)))
 		}
 	}
 	return attrs
