@@ -135,25 +135,44 @@ func (w *databaseWait) end() {
 	}
 }
 
-// attemptInPlace makes one attempt at e once the route's gate lets it start, and tells the gate
-// what it came to. It reports parkNow, having made no attempt, when the route's circuit paused it
-// meanwhile and the route parks; it fails only when ctx is done or the consumer begins to stop.
+// attemptInPlace makes one attempt at e once the route's gate lets it start (see runAdmitted). It
+// reports parkNow, having made no attempt, when the route's circuit paused it meanwhile and the
+// route parks; it fails only when ctx is done or the consumer begins to stop.
 func (p *partition) attemptInPlace(ctx context.Context, e *entry, a attempt, h history) (_ result, parkNow bool, _ error) {
-	g := p.route.gate
-	permit, ok, err := g.PermitFor(ctx, p.stopping, p.parksWhilePaused)
+	a.units[0].number = h.attempts + 1
+	r, admitted, err := p.runAdmitted(ctx, e.order, p.parksWhilePaused, func() result { return p.route.run(ctx, a) })
 	switch {
 	case err != nil:
 		return result{}, false, err
-	case !ok:
+	case !admitted:
 		return result{}, true, nil
-	}
-	a.units[0].number = h.attempts + 1
-	r := p.route.run(ctx, a)
-	report(g, permit, e.order, r, ctx.Err() != nil)
-	if ctx.Err() != nil {
+	case ctx.Err() != nil:
 		return result{}, false, context.Cause(ctx)
 	}
 	return r, false, nil
+}
+
+// runAdmitted is how every executor (in place, a batch, the park's retrier) makes a run of the
+// route: admitted by the route's gate (gate.Gate.PermitFor), run, and reported back to the gate
+// under the run's ordering key order — or as abandoned, when ctx ended or a parked message's hold
+// was lost meanwhile. What came of the run is for the executor to act on. It runs nothing, and
+// reports admitted false, when elsewhere says the run is better off not waiting for the gate; it
+// fails only when ctx is done or the consumer begins to stop while it waits.
+func (p *partition) runAdmitted(ctx context.Context, order string, elsewhere func() bool, run func() result) (_ result, admitted bool, _ error) {
+	g := p.route.gate
+	permit, ok, err := g.PermitFor(ctx, p.stopping, elsewhere)
+	if !ok || err != nil {
+		return result{}, false, err
+	}
+	r := run()
+	report(g, permit, order, r, abandoned(ctx, r))
+	return r, true, nil
+}
+
+// abandoned reports whether the run that came to r was abandoned: its context ended, or its parked
+// message's hold was lost to another owner. Nothing of it counts.
+func abandoned(ctx context.Context, r result) bool {
+	return ctx.Err() != nil || errors.Is(r.err, inbox.ErrHoldLost)
 }
 
 // parksWhilePaused reports whether a message of the partition that would start now parks rather
@@ -255,10 +274,10 @@ func innermost(err error) error {
 }
 
 // report tells g what the run of permit p, of ordering key key, came to: r, or nothing when the run
-// was abandoned (its context ended, or its parked message's hold was lost). A refusal that would
-// meet any message is counted by its class (see refusalOf).
-func report(g *gate.Gate, p gate.Permit, key string, r result, abandoned bool) {
-	if abandoned {
+// was dropped (see abandoned). A refusal that would meet any message is counted by its class (see
+// refusalOf).
+func report(g *gate.Gate, p gate.Permit, key string, r result, dropped bool) {
+	if dropped {
 		g.Record(p, key, gate.SignalNone)
 		return
 	}

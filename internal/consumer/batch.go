@@ -65,17 +65,17 @@ type batchProgress struct {
 // applyRun takes msgs, whose keys are valid, through one transaction, or takes the messages up to
 // the first one that failed in it to a finished state (see applyBatch).
 func (p *partition) applyRun(ctx context.Context, msgs []*entry, hs []history) batchProgress {
-	g := p.route.gate
-	permit, ok, err := g.PermitFor(ctx, p.stopping, p.parksWhilePaused)
+	var began time.Time
+	r, admitted, err := p.runAdmitted(ctx, msgs[0].order, p.parksWhilePaused, func() result {
+		began = time.Now()
+		return p.transact(ctx, msgs, hs)
+	})
 	switch {
 	case err != nil:
 		return batchProgress{abandoned: true}
-	case !ok:
+	case !admitted:
 		return p.applyEach(ctx, msgs, hs, time.Now()) // the route paused: they wait in the park
 	}
-	began := time.Now()
-	r := p.transact(ctx, msgs, hs)
-	report(g, permit, msgs[0].order, r, ctx.Err() != nil)
 	switch {
 	case r.err == nil:
 		return p.finishRun(ctx, msgs, hs, r, began)

@@ -223,22 +223,21 @@ func (r *retrier) retry(ctx context.Context, m inbox.Parked) {
 		return
 	}
 	g := r.p.route.gate
+	a := attempt{
+		units: []unit{{msg: parkedMessage(m), value: m.Value, produced: m.Produced, verifiedBy: m.VerifiedBy,
+			number: m.Attempts + 1}},
+		parked: &m, log: log,
+	}
 	// Only the route's pace is waited for here: paused since m was taken, the route keeps it in the
 	// park, nothing charged.
-	permit, ok, err := g.PermitFor(ctx, r.p.stopping, func() bool { return g.NotYet() != 0 })
-	if !ok || err != nil {
+	res, admitted, err := r.p.runAdmitted(ctx, string(m.OrderingKey), func() bool { return g.NotYet() != 0 },
+		func() result { return r.p.route.run(ctx, a) })
+	if !admitted || err != nil {
 		r.release(ctx, m, 0, log)
 		return
 	}
 	h := history{attempts: m.Attempts, spent: m.BudgetSpent, parked: true, reason: m.Reason, firstAt: m.FirstFailedAt}
-	res := r.p.route.run(ctx, attempt{
-		units: []unit{{msg: parkedMessage(m), value: m.Value, produced: m.Produced, verifiedBy: m.VerifiedBy,
-			number: m.Attempts + 1}},
-		parked: &m, log: log,
-	})
-	abandoned := ctx.Err() != nil || errors.Is(res.err, inbox.ErrHoldLost)
-	report(g, permit, string(m.OrderingKey), res, abandoned)
-	if abandoned {
+	if abandoned(ctx, res) {
 		if ctx.Err() == nil {
 			log.InfoContext(ctx, "another owner took the parked message over", "error", res.err)
 		}
