@@ -70,7 +70,7 @@ func (p *partition) startRetrier(idle, work context.Context) (stop func(), err e
 	if n := p.parked.len(); n > 0 {
 		p.log.Info("taking over the partition's parked keys", "keys", n)
 	}
-	p.retrier = newRetrier(p, fmt.Sprintf("%s %s/%d generation %d", p.gen.MemberID, p.topic, p.id, p.gen.ID))
+	p.retrier = newRetrier(p, inbox.NewHolder(fmt.Sprintf("retrier of %s/%d (generation %d, member %s)", p.topic, p.id, p.gen.ID, p.gen.MemberID)))
 	var wg sync.WaitGroup
 	wg.Go(func() { p.retrier.run(idle, work) })
 	return wg.Wait, nil

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -91,7 +92,7 @@ func (s *Store) ProcessCall(ctx context.Context, msg Message, call Call) (Outcom
 	// Taken before the lease, so that the deadline on this clock falls before the lease's end on
 	// Postgres's clock, whatever their offset.
 	deadline := time.Now().Add(call.Lease * 2 / 3)
-	l := &lease{msg: msg, holder: NewHolder()}
+	l := &lease{msg: msg, holder: NewHolder("call of " + msg.Handler)}
 	outcome, err := s.takeLease(ctx, l, call)
 	if err != nil || outcome != "" {
 		return outcome, err
@@ -159,15 +160,22 @@ type lease struct {
 	attempts int // the key's calls, this one's included
 }
 
-// NewHolder names the holder of something the instances of a group share (a lease on a key, the
-// outbox relay's lease, an order being reconciled): the host and process, for an operator reading
-// the table, and a random part that tells two holders of one process apart.
-func NewHolder() string {
-	host, _ := os.Hostname()
+// NewHolder names a holder of something the instances of a group share, in the one format of
+// every holder the worker writes (a call's lease on a key, a retrier's holds on parked messages,
+// the outbox relay's lease, an order being reconciled, a replay's claims on stored dead letters):
+// what holds it, role, then where, for an operator reading the table, and a random part that tells
+// two holders of one process apart: "outbox relay on host-1, pid 4242, 9f3c61d0a2b4e857".
+func NewHolder(role string) string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
-	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b))
+	return role + " on " + process() + ", " + hex.EncodeToString(b)
 }
+
+// process is where this process runs, as a holder names it: its host and pid.
+var process = sync.OnceValue(func() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s, pid %d", host, os.Getpid())
+})
 
 // takeLeaseSQL takes the key's lease unless a live one is held: a new row, or an expired row taken
 // over. It returns nothing when another caller's lease is live. now() is the lease transaction's

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -517,4 +518,19 @@ func equal(got []string, want ...string) bool {
 		}
 	}
 	return true
+}
+
+// TestNewHolder: every holder is named in one format, its role first, then its host and pid, and a
+// random part that tells two holders of one role in one process apart.
+func TestNewHolder(t *testing.T) {
+	t.Parallel()
+	host, _ := os.Hostname()
+	prefix := fmt.Sprintf("outbox relay on %s, pid %d, ", host, os.Getpid())
+	a, b := inbox.NewHolder("outbox relay"), inbox.NewHolder("outbox relay")
+	if !strings.HasPrefix(a, prefix) || len(a) != len(prefix)+16 {
+		t.Errorf("holder %q, want %q and 16 hex digits", a, prefix)
+	}
+	if a == b {
+		t.Errorf("two holders of one role are both %q", a)
+	}
 }

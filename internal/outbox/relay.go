@@ -139,7 +139,7 @@ func NewRelay(config RelayConfig) (*Relay, error) {
 	case c.LeaseTTL < c.WriteTimeout+batchTimeout+fenceMargin+renewEvery(c.LeaseTTL):
 		return nil, fmt.Errorf("outbox: RelayConfig.LeaseTTL %s is too short for WriteTimeout %s", c.LeaseTTL, c.WriteTimeout)
 	}
-	r := &Relay{config: c, log: c.Logger, holder: inbox.NewHolder()}
+	r := &Relay{config: c, log: c.Logger, holder: inbox.NewHolder("outbox relay")}
 	r.writer = &kafka.Writer{
 		Addr:         kafka.TCP(c.Brokers...),
 		Balancer:     &kafka.Hash{}, // as producers of order numbers and phone numbers do

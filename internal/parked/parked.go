@@ -12,7 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -274,8 +273,7 @@ func deadLetterParked(ctx context.Context, cfg Config, store *inbox.Store) error
 	if err != nil {
 		return err
 	}
-	host, _ := os.Hostname()
-	owner := fmt.Sprintf("worker parked dead-letter on %s, pid %d", host, os.Getpid())
+	owner := inbox.NewHolder("worker parked dead-letter")
 	admin, err := startup.NewAdmin(cfg.Kafka)
 	if err != nil {
 		return err

@@ -101,7 +101,7 @@ func New(cfg Config) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Reconciler{cfg: cfg, holder: inbox.NewHolder(), circuit: circuit, log: log,
+	return &Reconciler{cfg: cfg, holder: inbox.NewHolder("reconciler"), circuit: circuit, log: log,
 		idle: min(max(cfg.After/4, 100*time.Millisecond), 5*time.Second)}, nil
 }
 

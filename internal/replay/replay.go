@@ -14,13 +14,11 @@ package replay
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"maps"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -35,6 +33,7 @@ import (
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/idkey"
+	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/startup"
 )
@@ -96,14 +95,7 @@ func New(cfg Config) (*Replay, error) {
 	}
 	return &Replay{cfg: cfg, state: state{dlqTopic: cfg.DLQTopic, suffix: cfg.DLQSuffix, reason: cfg.Reason,
 		limit: cfg.Limit, dryRun: cfg.DryRun, out: cfg.Out, logger: cfg.Logger, skipped: map[string]int{},
-		owner: owner()}}, nil
-}
-
-// owner names this replay in the claims it takes on rows of dead_letters: where it runs, and a
-// random part, so that two replays of one process are two owners too.
-func owner() string {
-	host, _ := os.Hostname()
-	return fmt.Sprintf("worker replay on %s, pid %d, %s", host, os.Getpid(), rand.Text()[:8])
+		owner: inbox.NewHolder("worker replay")}}, nil
 }
 
 // Run reads the dead letters, checks that every topic to replay to exists, and replays them (or,
