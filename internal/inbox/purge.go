@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
 // defaultPurgeBatchSize is Config.PurgeBatchSize's default, chosen with TestPurgeMillionRows (a
@@ -90,34 +92,32 @@ func (s *Store) RunPurger(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		interval = defaultPurgeInterval
 	}
-	ticker := time.NewTicker(interval)
-	defer ticker.Stop()
-	for {
-		start := time.Now()
-		deleted, ran, err := s.purge(ctx)
-		took := time.Since(start)
-		switch {
-		case ctx.Err() != nil:
-			if deleted > 0 {
-				s.config.Logger.InfoContext(ctx, "inbox purge stopped", slog.Int64("deleted", deleted),
-					slog.Duration("took", took))
-			}
-			return
-		case err != nil:
-			s.config.Logger.WarnContext(ctx, "inbox purge failed", slog.Int64("deleted", deleted),
-				slog.Duration("took", took), slog.Any("error", err))
-		case !ran:
-			s.config.Logger.DebugContext(ctx, "inbox purge skipped: another instance is purging")
-		case deleted > 0:
-			s.config.Logger.InfoContext(ctx, "inbox purged expired keys", slog.Int64("deleted", deleted),
+	wait.Every(ctx, interval, s.config.Logger, "purge the inbox", func(ctx context.Context) error {
+		s.purgeAndLog(ctx)
+		return nil
+	})
+}
+
+// purgeAndLog purges once and logs what it deleted, or why it did not.
+func (s *Store) purgeAndLog(ctx context.Context) {
+	start := time.Now()
+	deleted, ran, err := s.purge(ctx)
+	took := time.Since(start)
+	switch {
+	case ctx.Err() != nil:
+		if deleted > 0 {
+			s.config.Logger.InfoContext(ctx, "inbox purge stopped", slog.Int64("deleted", deleted),
 				slog.Duration("took", took))
-		default:
-			s.config.Logger.DebugContext(ctx, "inbox purge found no expired keys", slog.Duration("took", took))
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
+	case err != nil:
+		s.config.Logger.WarnContext(ctx, "inbox purge failed", slog.Int64("deleted", deleted),
+			slog.Duration("took", took), slog.Any("error", err))
+	case !ran:
+		s.config.Logger.DebugContext(ctx, "inbox purge skipped: another instance is purging")
+	case deleted > 0:
+		s.config.Logger.InfoContext(ctx, "inbox purged expired keys", slog.Int64("deleted", deleted),
+			slog.Duration("took", took))
+	default:
+		s.config.Logger.DebugContext(ctx, "inbox purge found no expired keys", slog.Duration("took", took))
 	}
 }

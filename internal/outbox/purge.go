@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/inboxworker/inboxworker/internal/inbox"
+	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
 // purgeBatchSize is how many rows one purge statement looks at, in a transaction of its own.
@@ -53,16 +54,9 @@ func (r *Relay) Purge(ctx context.Context) (int64, error) {
 // purgeWhileHolding purges every PurgeInterval while this relay holds the lease, so that one
 // instance purges at a time.
 func (r *Relay) purgeWhileHolding(ctx context.Context) {
-	ticker := time.NewTicker(r.config.PurgeInterval)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
+	wait.Every(ctx, r.config.PurgeInterval, r.log, "purge the outbox", func(ctx context.Context) error {
 		if !r.isHolding() {
-			continue
+			return nil
 		}
 		start := time.Now()
 		deleted, err := r.Purge(ctx)
@@ -73,5 +67,6 @@ func (r *Relay) purgeWhileHolding(ctx context.Context) {
 			r.log.InfoContext(ctx, "outbox purged published events", slog.Int64("deleted", deleted),
 				slog.Duration("took", time.Since(start)))
 		}
-	}
+		return nil
+	})
 }

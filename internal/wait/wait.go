@@ -2,7 +2,7 @@
 // a message's retries, the waits for the database, the outbox relay's failed rounds, start-up's
 // waits for Kafka and Postgres. It is backoff/v4's exponential backoff, computed for the n-th
 // failure in a row so that a caller keeps a count rather than a backoff's state. With it are the
-// worker's one cancellable sleep (Sleep) and its one periodic refresh (Every).
+// worker's one cancellable sleep (Sleep) and its one periodic loop (Every).
 package wait
 
 import (
@@ -68,9 +68,9 @@ func Sleep(ctx context.Context, d time.Duration, wake ...<-chan struct{}) error 
 }
 
 // Every runs refresh at once, then every interval, until ctx is done: for the gauges the worker
-// reads from its database or its brokers. A failed refresh, unless ctx is done, is logged at debug
-// as "cannot " + what, and the next one comes at its time: a gauge that cannot be read keeps its
-// last value.
+// reads from its database or its brokers, and the purges. A failed refresh, unless ctx is done, is
+// logged at debug as "cannot " + what, and the next one comes at its time: a gauge that cannot be
+// read keeps its last value. (A purge logs what it did itself.)
 func Every(ctx context.Context, interval time.Duration, log *slog.Logger, what string, refresh func(context.Context) error) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
