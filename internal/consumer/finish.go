@@ -33,7 +33,7 @@ type ended struct {
 	complete func(context.Context) error
 }
 
-// finish settles a finished message m, the one place that does for every executor: it writes m's
+// finish ends a finished message m, the one place that does for every executor: it writes m's
 // dead letter when it failed, sets the span's outcome, counts it with its handle time, and logs it.
 // It returns an error only when the dead letter or m.complete fails (see partition.deadLetter):
 // nothing of m is counted then.
