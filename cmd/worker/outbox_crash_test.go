@@ -73,7 +73,7 @@ func testOutboxCrash(t *testing.T, db *pgtest.DB, databaseURL string) {
 	workers := []*process{startWorker(t, env, "run"), startWorker(t, env, "run")}
 	all := append([]*process(nil), workers...) // the killed ones too
 
-	// The lease's holder names its process: host/pid/random.
+	// The lease's holder names its process: "outbox relay on <host>, pid <pid>, <random>".
 	holder := func() (string, int64) {
 		var h string
 		var epoch int64
@@ -98,11 +98,14 @@ func testOutboxCrash(t *testing.T, db *pgtest.DB, databaseURL string) {
 			return ""
 		})
 		h, epoch := holder()
-		var victim int
+		victim := -1
 		for i, w := range workers {
-			if w != nil && strings.Contains(h, fmt.Sprintf("/%d/", w.cmd.Process.Pid)) {
+			if w != nil && strings.Contains(h, fmt.Sprintf(", pid %d, ", w.cmd.Process.Pid)) {
 				victim = i
 			}
+		}
+		if victim < 0 {
+			t.Fatalf("no worker holds the relay's lease, held by %q", h)
 		}
 		killed := time.Now()
 		workers[victim].signal(syscall.SIGKILL)
