@@ -110,8 +110,9 @@ func (p *partition) applyMessage(ctx context.Context, e *entry, c carried) error
 	}
 }
 
-// databaseWait tells a route's gate when a message retried in place has waited for the database
-// long enough (gate.HeldAfterWaits) to hold the route, and when it no longer waits.
+// databaseWait tells a route's gate when a message retried in place, or a partition's own statement,
+// has waited for the database long enough (gate.HeldAfterWaits) to hold the route, and when it no
+// longer waits.
 type databaseWait struct {
 	gate    *gate.Gate
 	release func() // set while the message holds the route
@@ -119,11 +120,18 @@ type databaseWait struct {
 
 // track follows the message's decision d, its history h.
 func (w *databaseWait) track(d decision, h history) {
-	switch {
-	case d.wait == waitDatabase && w.release == nil && h.waits >= gate.HeldAfterWaits:
-		w.release = w.gate.AwaitDatabase(d.err)
-	case d.wait != waitDatabase:
+	if d.wait == waitDatabase {
+		w.failed(d.err, h.waits)
+	} else {
 		w.end()
+	}
+}
+
+// failed counts a wait for the database, the waits-th in a row, which failed with err: from the
+// gate.HeldAfterWaits-th on, the route is held.
+func (w *databaseWait) failed(err error, waits int) {
+	if w.release == nil && waits >= gate.HeldAfterWaits {
+		w.release = w.gate.AwaitDatabase(err)
 	}
 }
 

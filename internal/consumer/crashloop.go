@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
 
@@ -207,22 +206,4 @@ func (g *crashGuard) release(ctx context.Context) {
 	if err := g.p.c.config.Store.StartLog().Release(ctx, g.where, firsts); err != nil {
 		g.p.log.Warn("cannot release the records of the partition's started ranges", "error", err)
 	}
-}
-
-// retryDatabase runs fn until it succeeds (see partition.retry). It is for the consumer's own
-// statements, which fail only when the database does: no message is to blame, so there is no retry
-// budget; after gate.HeldAfterWaits failed tries the route is held until fn succeeds.
-func (p *partition) retryDatabase(ctx context.Context, what string, fn func(context.Context) error) error {
-	var release func()
-	defer func() {
-		if release != nil {
-			release()
-		}
-	}()
-	return p.retry(ctx, fn, func(err error, waits int, delay time.Duration) {
-		if waits == gate.HeldAfterWaits {
-			release = p.route.gate.AwaitDatabase(err)
-		}
-		p.log.Warn("cannot "+what+"; retrying", "delay", delay, "error", err)
-	})
 }

@@ -9,14 +9,9 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/fault"
-	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/tracing"
 	"github.com/inboxworker/inboxworker/internal/wait"
 )
-
-// errStopping is the cause of the end of fetching and waiting once Run's context is cancelled; the
-// gate's, whose waits for a permit end with it too.
-var errStopping = gate.ErrStopping
 
 // commitInterval is the least time between two offset commits of a busy partition: messages
 // finishing one by one at hundreds a second share a commit instead of costing one each. A partition
@@ -149,7 +144,7 @@ func (p *partition) run(stop, hard, genCtx context.Context) {
 	defer context.AfterFunc(genCtx, func() { cancelWork(errRevoked) })()
 	idle, cancelIdle := context.WithCancelCause(work)
 	defer cancelIdle(nil)
-	defer context.AfterFunc(stop, func() { cancelIdle(errStopping) })()
+	defer context.AfterFunc(stop, func() { cancelIdle(wait.ErrStopping) })()
 	p.stopping = stop.Done()
 
 	if p.c.config.Ordering == ByKey {
@@ -257,15 +252,12 @@ func (p *partition) await(work, idle context.Context, fetched <-chan record, dra
 	}
 }
 
-func (p *partition) isStopping() bool { return stopped(p.stopping) != nil }
+func (p *partition) isStopping() bool { return wait.Stopped(p.stopping) != nil }
 
 // sleep waits for d, or until ctx is done or the consumer begins to stop, in which case it returns
 // why.
 func (p *partition) sleep(ctx context.Context, d time.Duration) error {
-	if err := wait.Sleep(ctx, d, p.stopping); err != nil {
-		return err
-	}
-	return stopped(p.stopping)
+	return wait.SleepOrStop(ctx, d, p.stopping, nil)
 }
 
 // retry runs try until it succeeds, waiting between tries as the route's policy says for a wait
@@ -290,14 +282,16 @@ func (p *partition) retry(ctx context.Context, try func(context.Context) error, 
 	}
 }
 
-// stopped is errStopping once stopping is closed, else nil.
-func stopped(stopping <-chan struct{}) error {
-	select {
-	case <-stopping:
-		return errStopping
-	default:
-		return nil
-	}
+// retryDatabase runs fn until it succeeds (see partition.retry). It is for the consumer's own
+// statements, which fail only when the database does: no message is to blame, so there is no retry
+// budget; after gate.HeldAfterWaits failed tries the route is held until fn succeeds.
+func (p *partition) retryDatabase(ctx context.Context, what string, fn func(context.Context) error) error {
+	db := databaseWait{gate: p.route.gate}
+	defer db.end()
+	return p.retry(ctx, fn, func(err error, waits int, delay time.Duration) {
+		db.failed(err, waits)
+		p.log.Warn("cannot "+what+"; retrying", "delay", delay, "error", err)
+	})
 }
 
 func offsetAttr(offset int64) any {

@@ -32,21 +32,18 @@ func newRoute(r Route, config *Config, log *slog.Logger) (*route, error) {
 		Route:  r,
 		store:  config.Store,
 		tracer: config.Tracer,
-
-		log: log.With("topic", r.Topic),
+		log:    log.With("topic", r.Topic),
 		policy: policy{retry: config.Retry, parkAfter: config.ParkAfter, parks: config.Ordering == ByKey,
 			jitter: backoffJitter},
 	}
 	if b, ok := r.Handler.(inboxtype.BatchHandler); ok && config.Transactions == PerBatch {
 		rt.batcher = b
 	}
-	cc := config.Circuit
-	cc.OnChange = nil
 	book := func(ctx context.Context, n int, every time.Duration) (time.Duration, error) {
 		return config.Store.BookCalls(ctx, config.GroupID, r.Name, n, every)
 	}
 	g, err := gate.New(gate.Config{Topic: r.Topic, Concurrency: r.Concurrency, SlowStart: r.Call != nil,
-		RateLimit: r.RateLimit, Book: book, Circuit: cc, Metrics: config.Metrics, Logger: log})
+		RateLimit: r.RateLimit, Book: book, Circuit: config.Circuit, Metrics: config.Metrics, Logger: log})
 	if err != nil {
 		return nil, err
 	}

@@ -169,7 +169,7 @@ func (g *Gate) wait(ctx context.Context, stopping <-chan struct{}) (Permit, erro
 			d = g.pace.delay()
 		}
 		if d > 0 {
-			if err := sleep(ctx, stopping, d, g.circuit.Changed()); err != nil {
+			if err := wait.SleepOrStop(ctx, d, stopping, g.circuit.Changed()); err != nil {
 				return Permit{}, err
 			}
 			continue
@@ -203,7 +203,7 @@ func (g *Gate) TakeTurn(ctx context.Context) error {
 			return fault.RetryableAfter(err, max(late, minPacedWait))
 		}
 	}
-	if err := sleep(ctx, nil, d, nil); err != nil {
+	if err := wait.Sleep(ctx, d); err != nil {
 		g.pace.giveBack(at)
 		return fmt.Errorf("%w: %w", inbox.ErrNotCalled, err)
 	}
@@ -226,24 +226,6 @@ func (g *Gate) NotYet() time.Duration {
 	}
 	return g.circuit.notYet()
 }
-
-// sleep waits for d, or until changed is closed; it fails when ctx is done, or with ErrStopping
-// once stopping is closed.
-func sleep(ctx context.Context, stopping <-chan struct{}, d time.Duration, changed <-chan struct{}) error {
-	if err := wait.Sleep(ctx, d, changed, stopping); err != nil {
-		return err
-	}
-	select {
-	case <-stopping:
-		return ErrStopping
-	default:
-		return nil
-	}
-}
-
-// ErrStopping is why a wait for a permit ended when its stopping channel closed: the consumer
-// began to stop.
-var ErrStopping = errors.New("consumer: stopping")
 
 // Record tells the circuit what the run of a message of key, started with p, came to, and the
 // slots whether it went well.

@@ -7,6 +7,7 @@ package wait
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -65,6 +66,29 @@ func Sleep(ctx context.Context, d time.Duration, wake ...<-chan struct{}) error 
 	case <-w2:
 	}
 	return nil
+}
+
+// ErrStopping is why a wait ended once its stopping channel was closed: the consumer began to
+// stop, and waits for nothing more.
+var ErrStopping = errors.New("consumer: stopping")
+
+// Stopped is ErrStopping once stopping is closed, else nil.
+func Stopped(stopping <-chan struct{}) error {
+	select {
+	case <-stopping:
+		return ErrStopping
+	default:
+		return nil
+	}
+}
+
+// SleepOrStop is Sleep that also ends when stopping is closed, and then fails with ErrStopping:
+// the consumer's waits, which end when it begins to stop.
+func SleepOrStop(ctx context.Context, d time.Duration, stopping, wake <-chan struct{}) error {
+	if err := Sleep(ctx, d, wake, stopping); err != nil {
+		return err
+	}
+	return Stopped(stopping)
 }
 
 // Every runs refresh at once, then every interval, until ctx is done: for the gauges the worker

@@ -83,3 +83,25 @@ func TestEvery(t *testing.T) {
 		}
 	})
 }
+
+// TestSleepOrStop: the sleep ends with ErrStopping once stopping closes, even woken at the same
+// time; woken or timed out before, it ends with nil.
+func TestSleepOrStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		stopping, wake := make(chan struct{}), make(chan struct{})
+		if err := wait.SleepOrStop(t.Context(), time.Second, stopping, wake); err != nil {
+			t.Errorf("timed out: %v, want nil", err)
+		}
+		go func() { time.Sleep(time.Second); close(wake) }()
+		if err := wait.SleepOrStop(t.Context(), time.Hour, stopping, wake); err != nil {
+			t.Errorf("woken: %v, want nil", err)
+		}
+		go func() { time.Sleep(time.Second); close(stopping) }()
+		if err := wait.SleepOrStop(t.Context(), time.Hour, stopping, nil); !errors.Is(err, wait.ErrStopping) {
+			t.Errorf("stopping: %v, want ErrStopping", err)
+		}
+		if err := wait.SleepOrStop(t.Context(), time.Hour, stopping, wake); !errors.Is(err, wait.ErrStopping) {
+			t.Errorf("stopped and woken: %v, want ErrStopping", err)
+		}
+	})
+}
