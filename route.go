@@ -6,6 +6,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/idkey"
@@ -111,11 +112,11 @@ func DefaultKey(m Received) (string, error) {
 
 // keyFunc is key as the consumer calls it, on a Kafka message: the key checked, the reason of an
 // error found, a panic an error.
-func keyFunc(key func(Received) (string, error)) func(kafka.Message) (string, fault.Reason, error) {
-	return func(m kafka.Message) (string, fault.Reason, error) {
+func keyFunc(key func(Received) (string, error)) func(kafka.Message) (string, inboxtype.Reason, error) {
+	return func(m kafka.Message) (string, inboxtype.Reason, error) {
 		k, err := unpanic("Route.Key", func() (string, error) { return key(received(m)) })
 		if err != nil {
-			reason := fault.MissingIdempotencyKey
+			reason := inboxtype.MissingIdempotencyKey
 			if fe, ok := errors.AsType[*fault.Error](err); ok && fe.Kind == fault.KindPermanent && fe.Reason != "" {
 				reason = fe.Reason
 			}

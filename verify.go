@@ -94,7 +94,7 @@ var errPanic = errors.New("panicked")
 func unpanic(what string, f func() (string, error)) (s string, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			s, err = "", fault.Permanent(fault.HandlerError, fmt.Errorf("%s %w: %v", what, errPanic, v))
+			s, err = "", fault.Permanent(inboxtype.HandlerError, fmt.Errorf("%s %w: %v", what, errPanic, v))
 		}
 	}()
 	return f()

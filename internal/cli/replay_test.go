@@ -12,8 +12,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
@@ -75,7 +75,7 @@ func (c *replayCluster) replay(args ...string) result {
 // dead makes msg a dead letter of originalTopic ("" for none), as the consumer writes it: its own
 // headers, then the dlq-* ones.
 func dead(msg kafka.Message, reason, originalTopic string) kafka.Message {
-	letter := deadletter.Letter{Reason: fault.Reason(reason), Error: "order not found", Topic: originalTopic,
+	letter := deadletter.Letter{Reason: inboxtype.Reason(reason), Error: "order not found", Topic: originalTopic,
 		Partition: 1, Offset: 42, Attempts: 7, FailedAt: time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)}
 	msg.Headers = slices.DeleteFunc(letter.Headers(msg.Headers), func(h kafka.Header) bool {
 		return originalTopic == "" && h.Key == deadletter.HeaderOriginalTopic

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/inbox"
@@ -16,7 +17,7 @@ import (
 
 // failure is a message's final failure: the message is dead-lettered with reason.
 type failure struct {
-	reason   fault.Reason
+	reason   inboxtype.Reason
 	err      error
 	attempts int // how many times its handler ran
 }
@@ -243,7 +244,7 @@ func refusalOf(err error) (class string, ok bool) {
 	if err == nil {
 		return "", false
 	}
-	if kind, reason, _ := fault.Classify(err); kind != fault.KindPermanent || reason != fault.HandlerError {
+	if kind, reason, _ := fault.Classify(err); kind != fault.KindPermanent || reason != inboxtype.HandlerError {
 		return "", false
 	}
 	class, data := inbox.ErrorClass(err)
@@ -314,7 +315,7 @@ func signalOf(r result) gate.Signal {
 		return gate.SignalNotCalled
 	case kind == fault.KindPermanent:
 		return gate.SignalAnswered
-	case kind == fault.KindRetryable && reason == fault.RetriesExhausted && !errors.Is(r.err, inbox.ErrLeaseHeld):
+	case kind == fault.KindRetryable && reason == inboxtype.RetriesExhausted && !errors.Is(r.err, inbox.ErrLeaseHeld):
 		return gate.SignalFailed
 	}
 	return gate.SignalNone

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
@@ -244,7 +245,7 @@ func (rt *route) call(ctx context.Context, a attempt, r *result) ([]inbox.Outcom
 func recoverHandler(ctx context.Context, log *slog.Logger, err *error) {
 	if v := recover(); v != nil {
 		log.ErrorContext(ctx, "the handler panicked", "panic", v, "stack", string(debug.Stack()))
-		*err = fault.Permanent(fault.HandlerError, fmt.Errorf("panic: %v", v))
+		*err = fault.Permanent(inboxtype.HandlerError, fmt.Errorf("panic: %v", v))
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/tracing"
@@ -164,7 +165,7 @@ func (p *partition) finishRun(ctx context.Context, msgs []*entry, hs []history, 
 	for i, e := range msgs {
 		m := ended{msg: e.msg, key: e.key, span: e.span, outcome: r.outcomes[i], began: began}
 		if r.outcomes[i] == inbox.KeyReused {
-			d := decision{action: deadLetter, reason: fault.IdempotencyKeyReused, err: errKeyReused}
+			d := decision{action: deadLetter, reason: inboxtype.IdempotencyKeyReused, err: errKeyReused}
 			f := failureOf(d, hs[i], e.key)
 			m.failure = &f
 		}

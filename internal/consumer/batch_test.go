@@ -98,7 +98,7 @@ func TestBatchFailure(t *testing.T) {
 		// fail is the handler's answer to "mid", by attempt.
 		fail        func(attempt int) error
 		wantApplied bool
-		wantReason  fault.Reason
+		wantReason  inboxtype.Reason
 		wantError   string
 		wantRetries float64
 		// wantAttempts is the dead letter's count of runs of mid's handler.
@@ -117,15 +117,15 @@ func TestBatchFailure(t *testing.T) {
 		},
 		{
 			name:         "Permanent",
-			fail:         func(int) error { return fault.Permanent(fault.InvalidPayload, errBoom) },
-			wantReason:   fault.InvalidPayload,
+			fail:         func(int) error { return fault.Permanent(inboxtype.InvalidPayload, errBoom) },
+			wantReason:   inboxtype.InvalidPayload,
 			wantError:    "boom",
 			wantAttempts: "2", // in the batch, then alone to confirm
 		},
 		{
 			name:         "Panic",
 			fail:         func(int) error { panic("handler bug") },
-			wantReason:   fault.HandlerError,
+			wantReason:   inboxtype.HandlerError,
 			wantError:    "panic: handler bug",
 			wantAttempts: "2", // a panic in a batch is no one message's: each is run again alone
 		},
@@ -215,7 +215,7 @@ func TestBatchKeyReused(t *testing.T) {
 		t.Errorf("applied %v, want k, x, y once", got)
 	}
 	dead := e.deadLetters()
-	if len(dead) != 1 || kafkatest.Header(dead[0], deadletter.HeaderReason) != string(fault.IdempotencyKeyReused) ||
+	if len(dead) != 1 || kafkatest.Header(dead[0], deadletter.HeaderReason) != string(inboxtype.IdempotencyKeyReused) ||
 		kafkatest.Header(dead[0], deadletter.HeaderOriginalOffset) != "2" || string(dead[0].Value) != string(reused.Value) {
 		t.Fatalf("dead letters = %v, want the reused key's message (offset 2)", dead)
 	}
@@ -271,8 +271,8 @@ func TestBatchCommitFails(t *testing.T) {
 		t.Errorf("applied %v, want a, b, c once, in order", got)
 	}
 	dead := e.deadLetters()
-	if len(dead) != 1 || kafkatest.Header(dead[0], deadletter.HeaderOriginalOffset) != "2" || kafkatest.Header(dead[0], deadletter.HeaderReason) != string(fault.HandlerError) {
-		t.Fatalf("dead letters = %v, want bad (offset 2) with reason %s", dead, fault.HandlerError)
+	if len(dead) != 1 || kafkatest.Header(dead[0], deadletter.HeaderOriginalOffset) != "2" || kafkatest.Header(dead[0], deadletter.HeaderReason) != string(inboxtype.HandlerError) {
+		t.Fatalf("dead letters = %v, want bad (offset 2) with reason %s", dead, inboxtype.HandlerError)
 	}
 	if got := e.inboxKeys(); got["bad"] != 0 || len(got) != 3 {
 		t.Errorf("inbox keys = %v, want a, b, c", got)

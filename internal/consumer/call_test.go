@@ -48,7 +48,7 @@ func newCaller(call func(ctx context.Context, d inbox.Delivery) error) *caller {
 
 func (h *caller) Check(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
 	if strings.Contains(string(d.Value), `"bad":true`) {
-		return fault.Permanent(fault.InvalidPayload, errors.New("invalid event"))
+		return fault.Permanent(inboxtype.InvalidPayload, errors.New("invalid event"))
 	}
 	return nil
 }

@@ -46,7 +46,6 @@ import (
 
 	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/idkey"
 	"github.com/inboxworker/inboxworker/internal/inbox"
@@ -140,10 +139,10 @@ type Route struct {
 	// dead letter gets); it is never asked of a tombstone, refused before. Defaults to idkey.Of,
 	// the contract's rule: the Idempotency-Key header, else X-Idempotent-Key, else webhook-id, else
 	// the JSON member event_id.
-	IdempotencyKey func(kafka.Message) (string, fault.Reason, error)
+	IdempotencyKey func(kafka.Message) (string, inboxtype.Reason, error)
 	// Verify, when set, verifies each message before its idempotency key is taken: it returns the
 	// name of the key that verified it (inbox.Delivery.VerifiedBy), or why it does not verify, and
-	// the message is dead-lettered fault.BadSignature (see fault.SignatureProblem). Its verdict must
+	// the message is dead-lettered inboxtype.BadSignature (see fault.SignatureProblem). Its verdict must
 	// depend on the message alone. Nil: messages are not verified.
 	Verify func(kafka.Message) (string, error)
 	// Concurrency is the most messages of the route, across all its partitions, whose handlers run

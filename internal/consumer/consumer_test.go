@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
@@ -57,7 +58,7 @@ func TestRetry(t *testing.T) {
 		fail        func(attempt int) error
 		maxElapsed  time.Duration
 		wantApplied bool
-		wantReason  fault.Reason
+		wantReason  inboxtype.Reason
 		wantError   string
 		// wantRetries is how many retries are counted and logged; -1 for at least one (a retry
 		// budget running out).
@@ -76,22 +77,22 @@ func TestRetry(t *testing.T) {
 		},
 		{
 			name:       "Permanent",
-			fail:       func(int) error { return fault.Permanent(fault.InvalidPayload, errBoom) },
-			wantReason: fault.InvalidPayload,
+			fail:       func(int) error { return fault.Permanent(inboxtype.InvalidPayload, errBoom) },
+			wantReason: inboxtype.InvalidPayload,
 			wantError:  "boom",
 		},
 		{
 			name: "LongError",
 			fail: func(int) error {
-				return fault.Permanent(fault.InvalidPayload, errors.New(strings.Repeat("boom ", 20000)))
+				return fault.Permanent(inboxtype.InvalidPayload, errors.New(strings.Repeat("boom ", 20000)))
 			},
-			wantReason: fault.InvalidPayload,
+			wantReason: inboxtype.InvalidPayload,
 			wantError:  "boom boom",
 		},
 		{
 			name:       "Unclassified",
 			fail:       func(int) error { return errBoom },
-			wantReason: fault.HandlerError,
+			wantReason: inboxtype.HandlerError,
 			wantError:  "boom",
 		},
 		{
@@ -99,7 +100,7 @@ func TestRetry(t *testing.T) {
 			wantRetries: -1,
 			fail:        func(int) error { return fault.Retryable(errBoom) },
 			maxElapsed:  time.Second, // time for a retry or more even when an attempt is slow
-			wantReason:  fault.RetriesExhausted,
+			wantReason:  inboxtype.RetriesExhausted,
 			wantError:   "boom",
 		},
 		{
@@ -113,7 +114,7 @@ func TestRetry(t *testing.T) {
 		{
 			name:       "Panic",
 			fail:       func(int) error { panic("handler bug") },
-			wantReason: fault.HandlerError,
+			wantReason: inboxtype.HandlerError,
 			wantError:  "panic: handler bug",
 		},
 	}
@@ -252,7 +253,7 @@ func checkRetryLogs(t *testing.T, e *env, key string, n int) {
 }
 
 // checkDeadLetter checks every header of a dead letter of the first message of a partition.
-func checkDeadLetter(t *testing.T, got, original kafka.Message, reason fault.Reason, errText string) {
+func checkDeadLetter(t *testing.T, got, original kafka.Message, reason inboxtype.Reason, errText string) {
 	t.Helper()
 	if string(got.Key) != string(original.Key) || string(got.Value) != string(original.Value) {
 		t.Errorf("dead letter key/value = %q/%q, want the original %q/%q", got.Key, got.Value, original.Key, original.Value)
@@ -304,17 +305,17 @@ func testBadKeys(t *testing.T, mode testMode) {
 		{Value: []byte(`{"event_id":"reused","v":2}`)},
 		{Value: []byte(`{"event_id":"last"}`)},
 	}
-	wantReasons := []fault.Reason{
-		fault.MissingIdempotencyKey, fault.InvalidIdempotencyKey, fault.InvalidIdempotencyKey,
-		fault.InvalidIdempotencyKey, "", fault.IdempotencyKeyReused, "",
+	wantReasons := []inboxtype.Reason{
+		inboxtype.MissingIdempotencyKey, inboxtype.InvalidIdempotencyKey, inboxtype.InvalidIdempotencyKey,
+		inboxtype.InvalidIdempotencyKey, "", inboxtype.IdempotencyKeyReused, "",
 	}
 	e.kafka.Produce(t, topic, msgs...)
 	e.waitFor("all offsets committed", func() bool { return e.committed() == int64(len(msgs)) })
 
-	var got []fault.Reason
+	var got []inboxtype.Reason
 	for _, m := range e.deadLetters() {
 		reason := kafkatest.Header(m, deadletter.HeaderReason)
-		got = append(got, fault.Reason(reason))
+		got = append(got, inboxtype.Reason(reason))
 		// No handler ran for a bad key, nor for a reused one: the claim catches it before.
 		if n := kafkatest.Header(m, deadletter.HeaderAttempts); n != "0" {
 			t.Errorf("%s: dlq-attempts = %q, want 0: no handler ran", reason, n)
@@ -323,7 +324,7 @@ func testBadKeys(t *testing.T, mode testMode) {
 	if got := testutil.ToFloat64(config.Metrics.Retries.WithLabelValues(topic)); got != 0 {
 		t.Errorf("retries = %v, want none", got)
 	}
-	var want []fault.Reason
+	var want []inboxtype.Reason
 	for _, r := range wantReasons {
 		if r != "" {
 			want = append(want, r)

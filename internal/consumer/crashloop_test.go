@@ -6,9 +6,9 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
@@ -123,8 +123,8 @@ func testCrashLoop(t *testing.T, mode testMode) {
 	if len(dead) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(dead))
 	}
-	if got := kafkatest.Header(dead[0], deadletter.HeaderReason); got != string(fault.CrashLoop) {
-		t.Errorf("dlq-reason = %q, want %q", got, fault.CrashLoop)
+	if got := kafkatest.Header(dead[0], deadletter.HeaderReason); got != string(inboxtype.CrashLoop) {
+		t.Errorf("dlq-reason = %q, want %q", got, inboxtype.CrashLoop)
 	}
 	if got := kafkatest.Header(dead[0], deadletter.HeaderOriginalOffset); got != "1" {
 		t.Errorf("dlq-original-offset = %q, want 1", got)
@@ -256,7 +256,7 @@ func TestCrashLoopInPlace(t *testing.T) {
 		e.waitFor("both offsets committed", func() bool { return e.committed() == 2 })
 		stop()
 		dead := e.deadLetters()
-		if len(dead) != 1 || kafkatest.Header(dead[0], deadletter.HeaderReason) != string(fault.CrashLoop) {
+		if len(dead) != 1 || kafkatest.Header(dead[0], deadletter.HeaderReason) != string(inboxtype.CrashLoop) {
 			t.Fatalf("%d dead letters, want poison's, crash_loop", len(dead))
 		}
 		if n := outcomes(config, "dead_lettered"); n != 1 {

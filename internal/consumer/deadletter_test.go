@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
@@ -61,7 +62,7 @@ func testDeadLetterTopicRefuses(t *testing.T, mode testMode, dlqConfig map[strin
 	}
 	config := e.config(&recorder{fail: func(d inbox.Delivery) error {
 		if d.Key == "big" {
-			return fault.Permanent(fault.InvalidPayload, errors.New("bad payload"))
+			return fault.Permanent(inboxtype.InvalidPayload, errors.New("bad payload"))
 		}
 		return nil
 	}})
@@ -101,7 +102,7 @@ func testDeadLetterTopicRefuses(t *testing.T, mode testMode, dlqConfig map[strin
 			d.DLQTopic, d.Key, len(d.Value), dlqTopic, big.Key, len(big.Value))
 	}
 	l := d.Letter
-	if l.Reason != fault.InvalidPayload || l.Error != "bad payload" || l.Topic != topic || l.Partition != 0 ||
+	if l.Reason != inboxtype.InvalidPayload || l.Error != "bad payload" || l.Topic != topic || l.Partition != 0 ||
 		l.Offset != 0 || l.Attempts < 1 || l.FailedAt.IsZero() {
 		t.Errorf("stored letter %+v, want invalid_payload \"bad payload\" from %s/0 offset 0", l, topic)
 	}
@@ -172,7 +173,7 @@ func testDeadLetterStoreFails(t *testing.T, mode testMode) {
 	}
 	config := e.config(&recorder{fail: func(d inbox.Delivery) error {
 		if d.Key == "big" {
-			return fault.Permanent(fault.InvalidPayload, errors.New("bad payload"))
+			return fault.Permanent(inboxtype.InvalidPayload, errors.New("bad payload"))
 		}
 		return nil
 	}})

@@ -7,7 +7,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/idkey"
 )
 
@@ -79,7 +79,7 @@ func (p *partition) add(ctx context.Context, r record) {
 		e.key, e.reason, e.keyErr = idkey.Of(m)
 	case p.route.Verify != nil:
 		if e.verifiedBy, e.keyErr = p.route.Verify(m); e.keyErr != nil {
-			e.reason = fault.BadSignature
+			e.reason = inboxtype.BadSignature
 		}
 	}
 	if e.keyErr == nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/tracing"
@@ -45,7 +46,7 @@ func (p *partition) finish(ctx context.Context, m ended) error {
 		}
 		outcome = outcomeDeadLettered
 		m.span.Fail(string(f.reason), f.err)
-		if f.reason == fault.BadSignature {
+		if f.reason == inboxtype.BadSignature {
 			p.c.metrics.signatureFailed(p.topic, fault.SignatureProblem(f.err))
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/fault"
@@ -141,7 +142,7 @@ func testDeadLetterTopicUnavailable(t *testing.T, mode testMode) {
 	config := e.config(&recorder{fail: func(d inbox.Delivery) error {
 		if d.Key == "bad" {
 			once.Do(func() { close(attempted) })
-			return fault.Permanent(fault.InvalidPayload, errors.New("bad payload"))
+			return fault.Permanent(inboxtype.InvalidPayload, errors.New("bad payload"))
 		}
 		return nil
 	}})
@@ -172,7 +173,7 @@ func testDeadLetterTopicUnavailable(t *testing.T, mode testMode) {
 
 	createTopic(t, e.kafka.Addr, dlqTopic)
 	e.waitFor("both offsets committed", func() bool { return e.committed() == 2 })
-	if dead := e.deadLetters(); len(dead) != 1 || kafkatest.Header(dead[0], deadletter.HeaderReason) != string(fault.InvalidPayload) {
+	if dead := e.deadLetters(); len(dead) != 1 || kafkatest.Header(dead[0], deadletter.HeaderReason) != string(inboxtype.InvalidPayload) {
 		t.Errorf("dead letters = %v, want the bad message", dead)
 	}
 	checkOnce(t, e, []string{"next"})

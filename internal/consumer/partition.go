@@ -8,7 +8,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/tracing"
 	"github.com/inboxworker/inboxworker/internal/wait"
 )
@@ -80,7 +80,7 @@ type entry struct {
 	marker bool   // a transaction's marker, never handled (see record)
 	order  string // its ordering key
 	key    string // its idempotency key; "" when it has no valid one
-	reason fault.Reason
+	reason inboxtype.Reason
 	keyErr error // why it cannot be handled: no valid idempotency key, or no valid signature
 	// verifiedBy names the key that verified it, when its route verifies (Route.Verify).
 	verifiedBy string

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/inbox"
@@ -31,7 +32,7 @@ type history struct {
 	// down, the key's lease held by another call), for the pace of the next look.
 	waits int
 	// reason is the dead-letter reason once its budget runs out; "" until it failed.
-	reason fault.Reason
+	reason inboxtype.Reason
 	// first and last are its first and last failures.
 	first, last error
 	firstAt     time.Time
@@ -58,7 +59,7 @@ type decision struct {
 	outcome inbox.Outcome
 	// reason, for deadLetter; for retry and park, the reason it will be dead-lettered with once its
 	// budget runs out. err is the attempt's error.
-	reason fault.Reason
+	reason inboxtype.Reason
 	err    error
 	// delay, for retry and park: how long until the next attempt.
 	delay time.Duration
@@ -127,7 +128,7 @@ const maxThrottle = time.Hour
 func (p policy) decide(h history, r result, route routeView) decision {
 	switch {
 	case r.err == nil && r.outcome() == inbox.KeyReused:
-		return decision{action: deadLetter, reason: fault.IdempotencyKeyReused, err: errKeyReused}
+		return decision{action: deadLetter, reason: inboxtype.IdempotencyKeyReused, err: errKeyReused}
 	case r.err == nil:
 		return decision{action: finish, outcome: r.outcome()}
 	}
@@ -157,7 +158,7 @@ func (p policy) decide(h history, r result, route routeView) decision {
 
 // backOff decides on r, a retryable failure of reason, the other service asking to wait
 // retryAfter: a retry after the backoff, charged to the budget, or a dead letter once it is spent.
-func (p policy) backOff(h history, r result, reason fault.Reason, retryAfter time.Duration) decision {
+func (p policy) backOff(h history, r result, reason inboxtype.Reason, retryAfter time.Duration) decision {
 	backoffDelay := p.backoff(h.attempts + 1) // after this attempt, the message's (attempts+1)th
 	d := decision{reason: reason, err: r.err, charge: r.took + backoffDelay, delay: max(backoffDelay, retryAfter)}
 	if retryAfter > 0 {
@@ -209,7 +210,7 @@ func crashLooped(starts int) (decision, bool) {
 	if starts <= crashLoopStarts {
 		return decision{}, false
 	}
-	return decision{action: deadLetter, reason: fault.CrashLoop,
+	return decision{action: deadLetter, reason: inboxtype.CrashLoop,
 		err: fmt.Errorf("the worker died %d times in a row while handling this message", starts-1)}, true
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/gate"
 	"github.com/inboxworker/inboxworker/internal/inbox"
@@ -51,75 +52,75 @@ func TestDecide(t *testing.T) {
 		{name: "Duplicate", r: answered(inbox.Duplicate), route: open,
 			want: decision{action: finish, outcome: inbox.Duplicate}},
 		{name: "KeyReused", r: answered(inbox.KeyReused), route: open,
-			want: decision{action: deadLetter, reason: fault.IdempotencyKeyReused, err: errKeyReused}},
-		{name: "Permanent", r: ran(fault.Permanent(fault.InvalidPayload, errOops)), route: open,
-			want: decision{action: deadLetter, reason: fault.InvalidPayload}},
+			want: decision{action: deadLetter, reason: inboxtype.IdempotencyKeyReused, err: errKeyReused}},
+		{name: "Permanent", r: ran(fault.Permanent(inboxtype.InvalidPayload, errOops)), route: open,
+			want: decision{action: deadLetter, reason: inboxtype.InvalidPayload}},
 		{name: "Unclassified", r: ran(errOops), route: open,
-			want: decision{action: deadLetter, reason: fault.HandlerError}},
+			want: decision{action: deadLetter, reason: inboxtype.HandlerError}},
 		// The first failure: retried in place after the first interval, charged its time and the wait.
 		{name: "Retryable", r: ran(retryable), route: open,
-			want: decision{action: retry, reason: fault.RetriesExhausted, delay: time.Second, charge: 1100 * time.Millisecond}},
+			want: decision{action: retry, reason: inboxtype.RetriesExhausted, delay: time.Second, charge: 1100 * time.Millisecond}},
 		// A first attempt slower than the whole budget is still retried once.
 		{name: "SlowFirstAttempt", r: result{err: retryable, ran: []int{1}, took: 2 * time.Minute}, route: open,
-			want: decision{action: retry, reason: fault.RetriesExhausted, delay: time.Second, charge: 121 * time.Second}},
+			want: decision{action: retry, reason: inboxtype.RetriesExhausted, delay: time.Second, charge: 121 * time.Second}},
 		{name: "SlowFirstAttemptInABatch", h: history{attempts: 1}, r: result{err: retryable, ran: []int{0}, took: 2 * time.Minute}, route: open,
-			want: decision{action: retry, reason: fault.RetriesExhausted, delay: 2 * time.Second, charge: 122 * time.Second}},
+			want: decision{action: retry, reason: inboxtype.RetriesExhausted, delay: 2 * time.Second, charge: 122 * time.Second}},
 		{name: "SlowSecondAttempt", h: history{attempts: 1, spent: 121 * time.Second, firstAt: failedAt}, r: ran(retryable), route: open,
-			want: decision{action: deadLetter, reason: fault.RetriesExhausted, charge: 2100 * time.Millisecond}},
+			want: decision{action: deadLetter, reason: inboxtype.RetriesExhausted, charge: 2100 * time.Millisecond}},
 		// The fourth failure waits the fourth interval, 8s, which would overrun 5s in place: parked.
 		{name: "RetryableParks", h: history{attempts: 3, inPlace: 3 * time.Second, spent: 7 * time.Second},
 			r: ran(retryable), route: open,
-			want: decision{action: park, reason: fault.RetriesExhausted, delay: 8 * time.Second, charge: 8100 * time.Millisecond}},
+			want: decision{action: park, reason: inboxtype.RetriesExhausted, delay: 8 * time.Second, charge: 8100 * time.Millisecond}},
 		{name: "RetryableInPlaceByPartition", policy: byPartition, h: history{attempts: 3, inPlace: 3 * time.Second},
 			r: ran(retryable), route: open,
-			want: decision{action: retry, reason: fault.RetriesExhausted, delay: 8 * time.Second, charge: 8100 * time.Millisecond}},
+			want: decision{action: retry, reason: inboxtype.RetriesExhausted, delay: 8 * time.Second, charge: 8100 * time.Millisecond}},
 		{name: "Parked", h: history{attempts: 5, parked: true, spent: 30 * time.Second}, r: ran(unknownOrder), route: open,
 			want: decision{action: park, reason: reasonUnknownOrder, delay: 8 * time.Second, charge: 8100 * time.Millisecond}},
 		// The budget spent: dead-lettered with the error's reason.
 		{name: "BudgetSpent", h: history{attempts: 9, parked: true, spent: 55 * time.Second, firstAt: failedAt}, r: ran(unknownOrder), route: open,
 			want: decision{action: deadLetter, reason: reasonUnknownOrder, charge: 8100 * time.Millisecond}},
 		{name: "BudgetSpentRetriesExhausted", h: history{attempts: 9, spent: 55 * time.Second, firstAt: failedAt}, r: ran(retryable), route: open,
-			want: decision{action: deadLetter, reason: fault.RetriesExhausted, charge: 8100 * time.Millisecond}},
+			want: decision{action: deadLetter, reason: inboxtype.RetriesExhausted, charge: 8100 * time.Millisecond}},
 		// A Retry-After makes the wait; the route is throttled for it; only the backoff is charged,
 		// so a Retry-After longer than the budget dead-letters nothing.
 		{name: "RetryAfter", policy: byPartition, r: ran(fault.RetryableAfter(errOops, 3*time.Second)), route: open,
-			want: decision{action: retry, reason: fault.RetriesExhausted, delay: 3 * time.Second,
+			want: decision{action: retry, reason: inboxtype.RetriesExhausted, delay: 3 * time.Second,
 				charge: 1100 * time.Millisecond, throttle: 3 * time.Second}},
 		{name: "RetryAfterLongerThanTheBudget", h: history{attempts: 1}, r: ran(fault.RetryableAfter(errOops, 10*time.Minute)), route: open,
-			want: decision{action: park, reason: fault.RetriesExhausted, delay: 10 * time.Minute,
+			want: decision{action: park, reason: inboxtype.RetriesExhausted, delay: 10 * time.Minute,
 				charge: 2100 * time.Millisecond, throttle: 10 * time.Minute}},
 		{name: "RetryAfterOfADay", policy: byPartition, r: ran(fault.RetryableAfter(errOops, 24*time.Hour)), route: open,
-			want: decision{action: retry, reason: fault.RetriesExhausted, delay: 24 * time.Hour,
+			want: decision{action: retry, reason: inboxtype.RetriesExhausted, delay: 24 * time.Hour,
 				charge: 1100 * time.Millisecond, throttle: maxThrottle}},
 		// A failure while the circuit has the route paused is the outage's: parked at once, charged
 		// nothing; in place with ByPartition, once the route lets it.
 		{name: "gate.RoutePaused", h: history{attempts: 2, spent: 3 * time.Second}, r: ran(retryable), route: paused,
-			want: decision{action: park, reason: fault.RetriesExhausted, wait: waitRoute}},
+			want: decision{action: park, reason: inboxtype.RetriesExhausted, wait: waitRoute}},
 		{name: "RoutePausedByPartition", policy: byPartition, r: ran(retryable), route: paused,
-			want: decision{action: retry, reason: fault.RetriesExhausted, wait: waitRoute}},
+			want: decision{action: retry, reason: inboxtype.RetriesExhausted, wait: waitRoute}},
 		// The kill switch: a refusal that would meet any message (a privilege revoked: 42501), while
 		// refusals have the route paused, is held as an outage's failure is, charged nothing; a
 		// permanent error about the message's own data (23505), or of its own reason, is still
 		// dead-lettered at once.
 		{name: "RefusedWhileTripped", r: ran(revoked), route: paused,
-			want: decision{action: park, reason: fault.HandlerError, wait: waitRoute}},
+			want: decision{action: park, reason: inboxtype.HandlerError, wait: waitRoute}},
 		{name: "RefusedWhileTrippedByPartition", policy: byPartition, r: ran(revoked), route: paused,
-			want: decision{action: retry, reason: fault.HandlerError, wait: waitRoute}},
+			want: decision{action: retry, reason: inboxtype.HandlerError, wait: waitRoute}},
 		{name: "Refused", r: ran(revoked), route: open,
-			want: decision{action: deadLetter, reason: fault.HandlerError}},
+			want: decision{action: deadLetter, reason: inboxtype.HandlerError}},
 		{name: "DataErrorWhileTripped", r: ran(duplicateRow), route: paused,
-			want: decision{action: deadLetter, reason: fault.HandlerError}},
-		{name: "InvalidPayloadWhileTripped", r: ran(fault.Permanent(fault.InvalidPayload, errOops)), route: paused,
-			want: decision{action: deadLetter, reason: fault.InvalidPayload}},
+			want: decision{action: deadLetter, reason: inboxtype.HandlerError}},
+		{name: "InvalidPayloadWhileTripped", r: ran(fault.Permanent(inboxtype.InvalidPayload, errOops)), route: paused,
+			want: decision{action: deadLetter, reason: inboxtype.InvalidPayload}},
 		// A call whose turn under the rate limit would come after its lease: no call, no failure
 		// of the message's, charged nothing, as while the route is paused.
 		// It waits for its turn in place, even past parkAfter: nothing is failing.
 		{name: "Paced", h: history{attempts: 2, inPlace: 4 * time.Second, spent: 59 * time.Second}, r: result{err: paced, ran: []int{1}}, route: open,
-			want: decision{action: retry, reason: fault.RetriesExhausted, wait: waitRate, delay: 3 * time.Second}},
+			want: decision{action: retry, reason: inboxtype.RetriesExhausted, wait: waitRate, delay: 3 * time.Second}},
 		{name: "PacedByPartition", policy: byPartition, r: result{err: paced, ran: []int{1}}, route: open,
-			want: decision{action: retry, reason: fault.RetriesExhausted, wait: waitRate, delay: 3 * time.Second}},
+			want: decision{action: retry, reason: inboxtype.RetriesExhausted, wait: waitRate, delay: 3 * time.Second}},
 		{name: "PacedParked", h: history{attempts: 2, parked: true}, r: result{err: paced, ran: []int{1}}, route: open,
-			want: decision{action: park, reason: fault.RetriesExhausted, wait: waitRate, delay: 3 * time.Second}},
+			want: decision{action: park, reason: inboxtype.RetriesExhausted, wait: waitRate, delay: 3 * time.Second}},
 		// The database down, or the key's lease held by a live call: no failure of the message's.
 		// It looks again soon, then less often, charged nothing, whatever its budget.
 		{name: "DatabaseDown", h: history{spent: 59 * time.Second}, r: result{err: fault.Unavailable(errOops), ran: []int{0}},
@@ -171,7 +172,7 @@ func TestCrashLooped(t *testing.T) {
 			continue
 		}
 		want := fmt.Sprintf("the worker died %d times in a row while handling this message", c.starts-1)
-		if d.action != deadLetter || d.reason != fault.CrashLoop || d.err == nil || d.err.Error() != want {
+		if d.action != deadLetter || d.reason != inboxtype.CrashLoop || d.err == nil || d.err.Error() != want {
 			t.Errorf("start %d: %+v, want a crash_loop dead letter, %q", c.starts, d, want)
 		}
 	}
@@ -236,7 +237,7 @@ func TestRefusalOf(t *testing.T) {
 		{"UniqueViolation", &pgconn.PgError{Code: "23505"}, ""},
 		{"InvalidText", &pgconn.PgError{Code: "22P02"}, ""},
 		{"ReadOnly", inbox.Classify(&pgconn.PgError{Code: "25006"}), ""}, // an outage: waited out
-		{"InvalidPayload", fault.Permanent(fault.InvalidPayload, errors.New("bad JSON")), ""},
+		{"InvalidPayload", fault.Permanent(inboxtype.InvalidPayload, errors.New("bad JSON")), ""},
 		{"Retryable", fault.Retryable(errors.New("503")), ""},
 		{"Handler", fmt.Errorf("outbox: emit: %w", plainError{errors.New("cannot encode")}), "consumer.plainError"},
 		{"Joined", errors.Join(fmt.Errorf("a: %w", &pgconn.PgError{Code: "42703"}), errors.New("b")), "SQLSTATE 42703"},

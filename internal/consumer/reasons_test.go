@@ -1,9 +1,9 @@
 package consumer_test
 
-import "github.com/inboxworker/inboxworker/internal/fault"
+import "github.com/inboxworker/inboxworker/inboxtype"
 
 // Reasons of the bundled routes' domains, as tests of this package give them.
 const (
-	reasonUnknownOrder     fault.Reason = "unknown_order"
-	reasonProviderRejected fault.Reason = "provider_rejected"
+	reasonUnknownOrder     inboxtype.Reason = "unknown_order"
+	reasonProviderRejected inboxtype.Reason = "provider_rejected"
 )

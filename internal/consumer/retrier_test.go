@@ -328,17 +328,17 @@ func TestRetrierDeadLettersAtOnce(t *testing.T) {
 		name   string
 		before func(e *retrierEnv) // what happened before the retry
 		fail   error
-		reason fault.Reason
+		reason inboxtype.Reason
 	}{
-		{"Permanent", nil, fault.Permanent(fault.InvalidPayload, errors.New("amount: not a decimal")), fault.InvalidPayload},
-		{"Panic", nil, nil, fault.HandlerError},
+		{"Permanent", nil, fault.Permanent(inboxtype.InvalidPayload, errors.New("amount: not a decimal")), inboxtype.InvalidPayload},
+		{"Panic", nil, nil, inboxtype.HandlerError},
 		// The claim catches the reuse before the handler runs: the run before parking is the only one.
 		{"KeyReused", func(e *retrierEnv) {
 			msg := inbox.Message{Handler: "payments", Key: "A@1", Fingerprint: inbox.Fingerprint([]byte("other")), Topic: parkTopic}
 			if _, err := e.store.Process(context.Background(), msg, func(context.Context, pgx.Tx) error { return nil }); err != nil {
 				e.t.Fatal(err)
 			}
-		}, nil, fault.IdempotencyKeyReused},
+		}, nil, inboxtype.IdempotencyKeyReused},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -361,7 +361,7 @@ func TestRetrierDeadLettersAtOnce(t *testing.T) {
 			e.waitEmpty()
 			letters := e.deadLetters()
 			attempts := 2 // one before parking, one in the park
-			if c.reason == fault.IdempotencyKeyReused {
+			if c.reason == inboxtype.IdempotencyKeyReused {
 				attempts = 1
 			}
 			if len(letters) != 1 || letters[0].Reason != c.reason || letters[0].Attempts != attempts {
@@ -502,7 +502,7 @@ func TestRetrierPoisonKeyDoesNotPause(t *testing.T) {
 	if n := testutil.ToFloat64(e.metrics.Pauses.WithLabelValues(parkTopic, gate.PausedOutage)); n != 0 {
 		t.Errorf("the route paused %v times, want never", n)
 	}
-	if letters := e.deadLetters(); len(letters) != 1 || letters[0].Reason != fault.RetriesExhausted {
+	if letters := e.deadLetters(); len(letters) != 1 || letters[0].Reason != inboxtype.RetriesExhausted {
 		t.Errorf("dead letters %+v, want P@0's, retries_exhausted", letters)
 	}
 	if n := len(e.effects()); n != 20 {
@@ -590,7 +590,7 @@ func TestRetrierCrashLoop(t *testing.T) {
 	e.start("o1", fastRetry, gate.CircuitConfig{})
 	e.waitEmpty()
 	letters := e.deadLetters()
-	if len(letters) != 1 || letters[0].Reason != fault.CrashLoop || letters[0].Offset != 1 {
+	if len(letters) != 1 || letters[0].Reason != inboxtype.CrashLoop || letters[0].Offset != 1 {
 		t.Fatalf("dead letters %+v, want A@1's, crash_loop", letters)
 	}
 	if got := e.effects(); !slices.Equal(got, []string{"A@2"}) {

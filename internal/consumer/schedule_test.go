@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
@@ -51,7 +52,7 @@ const sequencesTable = `CREATE TABLE sequences (
 func (h *sequencer) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
 	var v sequenced
 	if err := json.Unmarshal(d.Value, &v); err != nil {
-		return fault.Permanent(fault.InvalidPayload, err)
+		return fault.Permanent(inboxtype.InvalidPayload, err)
 	}
 	if v.Seq%3 == 0 {
 		time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
@@ -343,7 +344,7 @@ type audit struct{}
 
 func (audit) Handle(ctx context.Context, tx pgx.Tx, d inbox.Delivery) error {
 	if string(d.Value) == `{"event_id":"bad"}` {
-		return fault.Permanent(fault.InvalidPayload, errors.New("not an audit"))
+		return fault.Permanent(inboxtype.InvalidPayload, errors.New("not an audit"))
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO effects (key, body) VALUES ($1, 'audit')`, d.Key)
 	return err
@@ -380,7 +381,7 @@ func TestThirdRoute(t *testing.T) {
 			t.Errorf("effects of key shared = %v, want one per route", bodies)
 		}
 		dead := e.kafka.ReadAll(t, "audits.dlq", 0)
-		if len(dead) != 1 || kafkatest.Header(dead[0], "dlq-reason") != string(fault.InvalidPayload) {
+		if len(dead) != 1 || kafkatest.Header(dead[0], "dlq-reason") != string(inboxtype.InvalidPayload) {
 			t.Errorf("audits dead letters = %v, want the bad one", dead)
 		}
 	})
@@ -396,9 +397,9 @@ func TestRouteKeyRule(t *testing.T) {
 	createTopic(t, e.kafka.Addr, "audits")
 	createTopic(t, e.kafka.Addr, "audits.dlq")
 	config := e.config(&recorder{})
-	byKafkaKey := func(m kafka.Message) (string, fault.Reason, error) {
+	byKafkaKey := func(m kafka.Message) (string, inboxtype.Reason, error) {
 		if len(m.Key) == 0 {
-			return "", fault.MissingIdempotencyKey, errors.New("an audit needs a Kafka key")
+			return "", inboxtype.MissingIdempotencyKey, errors.New("an audit needs a Kafka key")
 		}
 		return "audit-" + string(m.Key), "", nil
 	}
@@ -426,7 +427,7 @@ func TestRouteKeyRule(t *testing.T) {
 		t.Errorf("effects = %v, want %v: the audit once under its Kafka key, the other route by event_id", keys, want)
 	}
 	dead := e.kafka.ReadAll(t, "audits.dlq", 0)
-	if len(dead) != 1 || kafkatest.Header(dead[0], "dlq-reason") != string(fault.MissingIdempotencyKey) {
+	if len(dead) != 1 || kafkatest.Header(dead[0], "dlq-reason") != string(inboxtype.MissingIdempotencyKey) {
 		t.Errorf("audits dead letters = %d, want the one without a Kafka key as missing_idempotency_key", len(dead))
 	}
 }

@@ -6,8 +6,8 @@
 // puts them back.
 //
 // It does not decide when a message is dead-lettered nor why: the consumer does, with the reason
-// codes of package fault, which handlers return and which stay there so that a handler author needs
-// no other package. It writes nothing to Kafka (the consumer writes dead letters, worker replay
+// codes of package inboxtype, declared once there, where a handler author finds them, and classified
+// by package fault. It writes nothing to Kafka (the consumer writes dead letters, worker replay
 // puts them back, both with the producer NewWriter configures) and knows nothing of handlers or the
 // inbox.
 package deadletter
@@ -21,7 +21,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/inboxtype"
 )
 
 // The headers a dead letter carries on top of the original message's. Every header whose name
@@ -30,7 +30,7 @@ import (
 const (
 	headerPrefix = "dlq-"
 
-	HeaderReason            = "dlq-reason"             // a fault.Reason
+	HeaderReason            = "dlq-reason"             // a inboxtype.Reason
 	HeaderError             = "dlq-error"              // human text, at most MaxErrorLen bytes
 	HeaderOriginalTopic     = "dlq-original-topic"     // where the message was consumed
 	HeaderOriginalPartition = "dlq-original-partition" // decimal
@@ -52,7 +52,7 @@ const MaxErrorLen = 4096
 
 // Letter is what a dead letter says of the message it carries: why it failed and where it came from.
 type Letter struct {
-	Reason    fault.Reason
+	Reason    inboxtype.Reason
 	Error     string // see ErrorText
 	Topic     string // the original topic
 	Partition int
@@ -124,7 +124,7 @@ func Read(headers []kafka.Header) (l Letter, original []kafka.Header) {
 		v := string(h.Value)
 		switch strings.ToLower(h.Key) {
 		case HeaderReason:
-			l.Reason = fault.Reason(v)
+			l.Reason = inboxtype.Reason(v)
 		case HeaderError:
 			l.Error = v
 		case HeaderOriginalTopic:

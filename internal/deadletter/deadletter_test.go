@@ -10,8 +10,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
 
@@ -85,7 +85,7 @@ func TestReadLenient(t *testing.T) {
 		{Key: "dlq-original-offset", Value: []byte("not a number")},
 		{Key: "dlq-unknown", Value: []byte("dropped too")},
 	})
-	if got != (deadletter.Letter{Reason: fault.InvalidPayload}) || len(rest) != 0 {
+	if got != (deadletter.Letter{Reason: inboxtype.InvalidPayload}) || len(rest) != 0 {
 		t.Errorf("Read = %+v, %v", got, rest)
 	}
 }

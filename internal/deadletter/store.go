@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/inboxtype"
 )
 
 // Stored is a dead letter kept in the dead_letters table because its dead-letter topic refused it.
@@ -101,7 +101,7 @@ func (s *Store) Pending(ctx context.Context, dlqTopic string, fn func(Stored) (m
 		if err != nil {
 			return fmt.Errorf("read the dead letters of %s in dead_letters: %w", dlqTopic, err)
 		}
-		d.Letter.Reason = fault.Reason(reason)
+		d.Letter.Reason = inboxtype.Reason(reason)
 		if len(names) != len(values) {
 			return fmt.Errorf("dead_letters row %d: %d header names for %d values", d.ID, len(names), len(values))
 		}

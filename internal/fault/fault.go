@@ -16,22 +16,6 @@ import (
 	"github.com/inboxworker/inboxworker/inboxtype"
 )
 
-// Reason is a dead-letter reason code, sent as a dead letter's reason header (package deadletter).
-type Reason = inboxtype.Reason
-
-// The reason codes the worker gives itself, and the general ones a handler may give; a handler
-// names the reasons of its own domain (payment's unknown_order, notify's provider_rejected).
-const (
-	MissingIdempotencyKey = inboxtype.MissingIdempotencyKey
-	InvalidIdempotencyKey = inboxtype.InvalidIdempotencyKey
-	IdempotencyKeyReused  = inboxtype.IdempotencyKeyReused
-	InvalidPayload        = inboxtype.InvalidPayload
-	RetriesExhausted      = inboxtype.RetriesExhausted
-	CrashLoop             = inboxtype.CrashLoop
-	// HandlerError is the reason for an error no one classified, and for a handler's panic.
-	HandlerError = inboxtype.HandlerError
-)
-
 // Kind says what to do with a failed message.
 type Kind int
 
@@ -61,7 +45,7 @@ type Error struct {
 	Kind Kind
 	// Reason is the dead-letter reason: for a permanent error the reason itself, for a retryable one
 	// the reason used once retries run out (RetriesExhausted when empty).
-	Reason Reason
+	Reason inboxtype.Reason
 	// RetryAfter, when positive, is the least time to wait before the next attempt (an HTTP
 	// Retry-After, say). Retryable errors only.
 	RetryAfter time.Duration
@@ -78,7 +62,7 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // Permanent marks err as not worth retrying: the message is dead-lettered with reason.
-func Permanent(reason Reason, err error) error {
+func Permanent(reason inboxtype.Reason, err error) error {
 	return &Error{Kind: KindPermanent, Reason: reason, Err: err}
 }
 
@@ -94,7 +78,7 @@ func RetryableAfter(err error, after time.Duration) error {
 }
 
 // RetryableUntil is Retryable with the reason to dead-letter with once retries run out.
-func RetryableUntil(reason Reason, err error) error {
+func RetryableUntil(reason inboxtype.Reason, err error) error {
 	return &Error{Kind: KindRetryable, Reason: reason, Err: err}
 }
 
@@ -106,21 +90,21 @@ func Unavailable(err error) error {
 // Classify tells what to do with err. The outermost *Error in the chain decides. An unclassified
 // error is permanent with reason HandlerError, except timeouts and context deadlines (retryable)
 // and network errors (retryable).
-func Classify(err error) (kind Kind, reason Reason, retryAfter time.Duration) {
+func Classify(err error) (kind Kind, reason inboxtype.Reason, retryAfter time.Duration) {
 	var fe *Error
 	if errors.As(err, &fe) {
 		reason = fe.Reason
 		if reason == "" {
-			reason = RetriesExhausted
+			reason = inboxtype.RetriesExhausted
 			if fe.Kind == KindPermanent {
-				reason = HandlerError
+				reason = inboxtype.HandlerError
 			}
 		}
 		return fe.Kind, reason, fe.RetryAfter
 	}
 	var netErr net.Error
 	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) {
-		return KindRetryable, RetriesExhausted, 0
+		return KindRetryable, inboxtype.RetriesExhausted, 0
 	}
-	return KindPermanent, HandlerError, 0
+	return KindPermanent, inboxtype.HandlerError, 0
 }

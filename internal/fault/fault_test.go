@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 )
 
@@ -18,21 +19,21 @@ func TestClassify(t *testing.T) {
 		name       string
 		err        error
 		kind       fault.Kind
-		reason     fault.Reason
+		reason     inboxtype.Reason
 		retryAfter time.Duration
 	}{
-		{"Unclassified", base, fault.KindPermanent, fault.HandlerError, 0},
-		{"Permanent", fault.Permanent(fault.InvalidPayload, base), fault.KindPermanent, fault.InvalidPayload, 0},
-		{"PermanentWithoutReason", fault.Permanent("", base), fault.KindPermanent, fault.HandlerError, 0},
-		{"PermanentWrapped", fmt.Errorf("decode: %w", fault.Permanent(fault.InvalidPayload, errors.New("bad amount"))),
-			fault.KindPermanent, fault.InvalidPayload, 0},
-		{"Retryable", fault.Retryable(base), fault.KindRetryable, fault.RetriesExhausted, 0},
+		{"Unclassified", base, fault.KindPermanent, inboxtype.HandlerError, 0},
+		{"Permanent", fault.Permanent(inboxtype.InvalidPayload, base), fault.KindPermanent, inboxtype.InvalidPayload, 0},
+		{"PermanentWithoutReason", fault.Permanent("", base), fault.KindPermanent, inboxtype.HandlerError, 0},
+		{"PermanentWrapped", fmt.Errorf("decode: %w", fault.Permanent(inboxtype.InvalidPayload, errors.New("bad amount"))),
+			fault.KindPermanent, inboxtype.InvalidPayload, 0},
+		{"Retryable", fault.Retryable(base), fault.KindRetryable, inboxtype.RetriesExhausted, 0},
 		{"RetryableUntil", fault.RetryableUntil(reasonUnknownOrder, base), fault.KindRetryable, reasonUnknownOrder, 0},
 		{"RetryAfter", &fault.Error{Kind: fault.KindRetryable, RetryAfter: time.Second, Err: base},
-			fault.KindRetryable, fault.RetriesExhausted, time.Second},
-		{"Unavailable", fault.Unavailable(base), fault.KindUnavailable, fault.RetriesExhausted, 0},
-		{"DeadlineExceeded", fmt.Errorf("send: %w", context.DeadlineExceeded), fault.KindRetryable, fault.RetriesExhausted, 0},
-		{"NetError", &net.OpError{Op: "dial", Err: base}, fault.KindRetryable, fault.RetriesExhausted, 0},
+			fault.KindRetryable, inboxtype.RetriesExhausted, time.Second},
+		{"Unavailable", fault.Unavailable(base), fault.KindUnavailable, inboxtype.RetriesExhausted, 0},
+		{"DeadlineExceeded", fmt.Errorf("send: %w", context.DeadlineExceeded), fault.KindRetryable, inboxtype.RetriesExhausted, 0},
+		{"NetError", &net.OpError{Op: "dial", Err: base}, fault.KindRetryable, inboxtype.RetriesExhausted, 0},
 		{"OutermostWins", fault.Permanent(reasonProviderRejected, fault.Retryable(base)), fault.KindPermanent, reasonProviderRejected, 0},
 	}
 	for _, tt := range tests {

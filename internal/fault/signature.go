@@ -2,14 +2,7 @@ package fault
 
 import (
 	"errors"
-
-	"github.com/inboxworker/inboxworker/inboxtype"
 )
-
-// BadSignature is the reason of a message its route's verifier refused: not signed, signed by no
-// key it knows, malformed, or signed too far from when it was produced. Never retried, nothing of
-// it recorded.
-const BadSignature = inboxtype.BadSignature
 
 // The problems of a message that does not verify. A verifier's error wraps one of them; the
 // consumer counts each failure under its problem (see SignatureProblem).

@@ -14,7 +14,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/jsonobject"
 )
 
@@ -50,14 +50,14 @@ var (
 // there is no valid key it returns the reason to dead-letter with: InvalidPayload for a value that
 // is not valid JSON and has no key header, as nothing could be read from it, and for an empty value
 // (a tombstone: a delete marker of a compacted topic, never an event to apply), whatever its headers.
-func Of(m kafka.Message) (string, fault.Reason, error) {
+func Of(m kafka.Message) (string, inboxtype.Reason, error) {
 	if len(m.Value) == 0 {
-		return "", fault.InvalidPayload, errTombstone
+		return "", inboxtype.InvalidPayload, errTombstone
 	}
 	for _, name := range [...]string{keyHeader, fallbackKeyHeader, webhookKeyHeader} {
 		key, err := headerKey(m.Headers, name)
 		if err != nil {
-			return "", fault.InvalidIdempotencyKey, err
+			return "", inboxtype.InvalidIdempotencyKey, err
 		}
 		if key != "" {
 			return Check(key, "header "+name)
@@ -66,15 +66,15 @@ func Of(m kafka.Message) (string, fault.Reason, error) {
 	values, err := eventIDs(m.Value)
 	switch {
 	case errors.Is(err, errNotJSON):
-		return "", fault.InvalidPayload, err
+		return "", inboxtype.InvalidPayload, err
 	case err != nil:
-		return "", fault.MissingIdempotencyKey, err
+		return "", inboxtype.MissingIdempotencyKey, err
 	case values == nil:
-		return "", fault.MissingIdempotencyKey, errNoKey
+		return "", inboxtype.MissingIdempotencyKey, errNoKey
 	}
 	for _, v := range values[1:] {
 		if !bytes.Equal(v, values[0]) && !sameJSONString(v, values[0]) {
-			return "", fault.InvalidIdempotencyKey,
+			return "", inboxtype.InvalidIdempotencyKey,
 				fmt.Errorf("invalid idempotency key: JSON field %s appears %d times with different values", keyField, len(values))
 		}
 	}
@@ -98,22 +98,22 @@ func headerKey(headers []kafka.Header, name string) (string, error) {
 }
 
 // fieldKey returns the idempotency key of raw, the JSON value of the member event_id.
-func fieldKey(raw []byte) (string, fault.Reason, error) {
+func fieldKey(raw []byte) (string, inboxtype.Reason, error) {
 	switch {
 	case bytes.Equal(raw, []byte("null")):
-		return "", fault.MissingIdempotencyKey, errNoKey
+		return "", inboxtype.MissingIdempotencyKey, errNoKey
 	case raw[0] != '"':
-		return "", fault.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key: JSON field %s is not a string", keyField)
+		return "", inboxtype.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key: JSON field %s is not a string", keyField)
 	case !utf8.Valid(raw):
 		// encoding/json would read each invalid byte as U+FFFD: different keys would be one.
-		return "", fault.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key in JSON field %s: not valid UTF-8", keyField)
+		return "", inboxtype.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key in JSON field %s: not valid UTF-8", keyField)
 	case hasLoneSurrogate(raw):
-		return "", fault.InvalidIdempotencyKey,
+		return "", inboxtype.InvalidIdempotencyKey,
 			fmt.Errorf("invalid idempotency key in JSON field %s: a \\u escape of an unpaired UTF-16 surrogate", keyField)
 	}
 	key, err := jsonobject.Unquote(raw)
 	if err != nil {
-		return "", fault.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key: JSON field %s is not a string", keyField)
+		return "", inboxtype.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key: JSON field %s is not a string", keyField)
 	}
 	return Check(key, "JSON field "+keyField)
 }
@@ -206,9 +206,9 @@ func hex4(raw []byte, i int) (rune, bool) {
 
 // CheckKey returns key if it is a valid idempotency key (see Of), else
 // InvalidIdempotencyKey and why not, naming source, where key was found.
-func Check(key, source string) (string, fault.Reason, error) {
-	invalid := func(why string) (string, fault.Reason, error) {
-		return "", fault.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key in %s: %s", source, why)
+func Check(key, source string) (string, inboxtype.Reason, error) {
+	invalid := func(why string) (string, inboxtype.Reason, error) {
+		return "", inboxtype.InvalidIdempotencyKey, fmt.Errorf("invalid idempotency key in %s: %s", source, why)
 	}
 	switch n := utf8.RuneCountInString(key); {
 	case !utf8.ValidString(key):

@@ -8,7 +8,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/idkey"
 )
 
@@ -29,7 +29,7 @@ var keyTests = []struct {
 	name       string
 	msg        kafka.Message
 	wantKey    string
-	wantReason fault.Reason
+	wantReason inboxtype.Reason
 }{
 	{"Header", msgWith(`{"event_id":"e"}`, "Idempotency-Key", "h"), "h", ""},
 	{"HeaderAnyCase", msgWith(`{}`, "idempotency-key", "h"), "h", ""},
@@ -43,72 +43,72 @@ var keyTests = []struct {
 	{"EventID", msgWith(`{"event_id":"e-1"}`, "", ""), "e-1", ""},
 	{"Unicode", msgWith(`{"event_id":"订单-1"}`, "", ""), "订单-1", ""},
 	{"Longest", msgWith(`{}`, "Idempotency-Key", strings.Repeat("é", 255)), strings.Repeat("é", 255), ""},
-	{"None", msgWith(`{"id":"e"}`, "", ""), "", fault.MissingIdempotencyKey},
-	{"NullEventID", msgWith(`{"event_id":null}`, "", ""), "", fault.MissingIdempotencyKey},
+	{"None", msgWith(`{"id":"e"}`, "", ""), "", inboxtype.MissingIdempotencyKey},
+	{"NullEventID", msgWith(`{"event_id":null}`, "", ""), "", inboxtype.MissingIdempotencyKey},
 	// A value that is not JSON has no field to miss: it is a bad payload, however it mentions event_id.
-	{"NotJSON", msgWith(`event_id=e`, "", ""), "", fault.InvalidPayload},
+	{"NotJSON", msgWith(`event_id=e`, "", ""), "", inboxtype.InvalidPayload},
 	// A tombstone is nothing to apply, whatever its headers say.
-	{"Tombstone", msgWith(``, "", ""), "", fault.InvalidPayload},
-	{"TombstoneWithKeyHeader", msgWith(``, "Idempotency-Key", "h"), "", fault.InvalidPayload},
-	{"EmptyValue", msgWith(``, "", ""), "", fault.InvalidPayload},
-	{"TrailingGarbage", msgWith(`{"event_id":"e"} x`, "", ""), "", fault.InvalidPayload},
-	{"TrailingComma", msgWith(`{"event_id":"e",}`, "", ""), "", fault.InvalidPayload},
-	{"Truncated", msgWith(`{"event_id":"e","order_no":"A-1"`, "", ""), "", fault.InvalidPayload},
+	{"Tombstone", msgWith(``, "", ""), "", inboxtype.InvalidPayload},
+	{"TombstoneWithKeyHeader", msgWith(``, "Idempotency-Key", "h"), "", inboxtype.InvalidPayload},
+	{"EmptyValue", msgWith(``, "", ""), "", inboxtype.InvalidPayload},
+	{"TrailingGarbage", msgWith(`{"event_id":"e"} x`, "", ""), "", inboxtype.InvalidPayload},
+	{"TrailingComma", msgWith(`{"event_id":"e",}`, "", ""), "", inboxtype.InvalidPayload},
+	{"Truncated", msgWith(`{"event_id":"e","order_no":"A-1"`, "", ""), "", inboxtype.InvalidPayload},
 	{"NotJSONWithHeader", msgWith(`event_id=e`, "Idempotency-Key", "h"), "h", ""},
-	{"JSONArray", msgWith(`[{"event_id":"e"}]`, "", ""), "", fault.MissingIdempotencyKey},
-	{"JSONString", msgWith(`"event_id"`, "", ""), "", fault.MissingIdempotencyKey},
-	{"NestedEventID", msgWith(`{"data":{"event_id":"e"}}`, "", ""), "", fault.MissingIdempotencyKey},
-	{"NumberEventID", msgWith(`{"event_id":42}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"EmptyEventID", msgWith(`{"event_id":""}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"TooLong", msgWith(`{}`, "Idempotency-Key", strings.Repeat("k", 256)), "", fault.InvalidIdempotencyKey},
-	{"ControlChar", msgWith(`{}`, "Idempotency-Key", "a\nb"), "", fault.InvalidIdempotencyKey},
-	{"C1Control", msgWith(`{}`, "Idempotency-Key", "a\u0085b"), "", fault.InvalidIdempotencyKey},
-	{"BadUTF8", msgWith(`{}`, "Idempotency-Key", "a\xffb"), "", fault.InvalidIdempotencyKey},
+	{"JSONArray", msgWith(`[{"event_id":"e"}]`, "", ""), "", inboxtype.MissingIdempotencyKey},
+	{"JSONString", msgWith(`"event_id"`, "", ""), "", inboxtype.MissingIdempotencyKey},
+	{"NestedEventID", msgWith(`{"data":{"event_id":"e"}}`, "", ""), "", inboxtype.MissingIdempotencyKey},
+	{"NumberEventID", msgWith(`{"event_id":42}`, "", ""), "", inboxtype.InvalidIdempotencyKey},
+	{"EmptyEventID", msgWith(`{"event_id":""}`, "", ""), "", inboxtype.InvalidIdempotencyKey},
+	{"TooLong", msgWith(`{}`, "Idempotency-Key", strings.Repeat("k", 256)), "", inboxtype.InvalidIdempotencyKey},
+	{"ControlChar", msgWith(`{}`, "Idempotency-Key", "a\nb"), "", inboxtype.InvalidIdempotencyKey},
+	{"C1Control", msgWith(`{}`, "Idempotency-Key", "a\u0085b"), "", inboxtype.InvalidIdempotencyKey},
+	{"BadUTF8", msgWith(`{}`, "Idempotency-Key", "a\xffb"), "", inboxtype.InvalidIdempotencyKey},
 
 	// JSON names are case-sensitive: only a member named exactly event_id is the key.
 	{"EventIDCaseShadow", msgWith(`{"event_id":"k-real","v":1,"EVENT_ID":"k-shadow"}`, "", ""), "k-real", ""},
 	{"EventIDCaseShadowFirst", msgWith(`{"Event_ID":"k-shadow","event_id":"k-real"}`, "", ""), "k-real", ""},
-	{"EventIDOtherCaseOnly", msgWith(`{"EVENT_ID":"k"}`, "", ""), "", fault.MissingIdempotencyKey},
+	{"EventIDOtherCaseOnly", msgWith(`{"EVENT_ID":"k"}`, "", ""), "", inboxtype.MissingIdempotencyKey},
 	{"EventIDNameEscaped", msgWith(`{"event\u005fid":"e"}`, "", ""), "e", ""},
 
 	// Unpaired UTF-16 surrogates decode to U+FFFD: two different keys would be one.
-	{"UnpairedHighSurrogate", msgWith(`{"event_id":"\ud800"}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"UnpairedLowSurrogate", msgWith(`{"event_id":"\udfff"}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"HighSurrogateThenLetter", msgWith(`{"event_id":"k\uD800x"}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"HighSurrogateThenEscape", msgWith(`{"event_id":"k\ud800\u0041"}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"SurrogatesReversed", msgWith(`{"event_id":"\udc00\ud800"}`, "", ""), "", fault.InvalidIdempotencyKey},
+	{"UnpairedHighSurrogate", msgWith(`{"event_id":"\ud800"}`, "", ""), "", inboxtype.InvalidIdempotencyKey},
+	{"UnpairedLowSurrogate", msgWith(`{"event_id":"\udfff"}`, "", ""), "", inboxtype.InvalidIdempotencyKey},
+	{"HighSurrogateThenLetter", msgWith(`{"event_id":"k\uD800x"}`, "", ""), "", inboxtype.InvalidIdempotencyKey},
+	{"HighSurrogateThenEscape", msgWith(`{"event_id":"k\ud800\u0041"}`, "", ""), "", inboxtype.InvalidIdempotencyKey},
+	{"SurrogatesReversed", msgWith(`{"event_id":"\udc00\ud800"}`, "", ""), "", inboxtype.InvalidIdempotencyKey},
 	{"SurrogatePair", msgWith(`{"event_id":"k\ud83d\ude00"}`, "", ""), "k😀", ""},
 	{"EscapedBackslashU", msgWith(`{"event_id":"\\ud800"}`, "", ""), `\ud800`, ""},
 	{"ReplacementCharEscaped", msgWith(`{"event_id":"k\ufffd"}`, "", ""), "k\uFFFD", ""},
 	{"ReplacementCharLiteral", msgWith("{\"event_id\":\"k\uFFFD\"}", "", ""), "k\uFFFD", ""},
-	{"BadUTF8InEventID", msgWith("{\"event_id\":\"a\xffb\"}", "", ""), "", fault.InvalidIdempotencyKey},
+	{"BadUTF8InEventID", msgWith("{\"event_id\":\"a\xffb\"}", "", ""), "", inboxtype.InvalidIdempotencyKey},
 
 	// Keys a person cannot tell apart from another are refused, not trimmed.
-	{"LeadingSpace", msgWith(`{}`, "Idempotency-Key", " k"), "", fault.InvalidIdempotencyKey},
-	{"TrailingSpaceEventID", msgWith(`{"event_id":"k "}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"OnlySpaces", msgWith(`{}`, "Idempotency-Key", "   "), "", fault.InvalidIdempotencyKey},
+	{"LeadingSpace", msgWith(`{}`, "Idempotency-Key", " k"), "", inboxtype.InvalidIdempotencyKey},
+	{"TrailingSpaceEventID", msgWith(`{"event_id":"k "}`, "", ""), "", inboxtype.InvalidIdempotencyKey},
+	{"OnlySpaces", msgWith(`{}`, "Idempotency-Key", "   "), "", inboxtype.InvalidIdempotencyKey},
 	{"InnerSpace", msgWith(`{"event_id":"order 1"}`, "", ""), "order 1", ""},
-	{"ZeroWidthSpace", msgWith(`{"event_id":"k\u200b"}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"ByteOrderMark", msgWith(`{}`, "Idempotency-Key", "\ufeffk"), "", fault.InvalidIdempotencyKey},
-	{"SoftHyphen", msgWith(`{"event_id":"k\u00adk"}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"NoBreakSpace", msgWith(`{"event_id":"a\u00a0b"}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"IdeographicSpace", msgWith(`{"event_id":"a\u3000b"}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"LineSeparator", msgWith(`{}`, "Idempotency-Key", "a\u2028b"), "", fault.InvalidIdempotencyKey},
+	{"ZeroWidthSpace", msgWith(`{"event_id":"k\u200b"}`, "", ""), "", inboxtype.InvalidIdempotencyKey},
+	{"ByteOrderMark", msgWith(`{}`, "Idempotency-Key", "\ufeffk"), "", inboxtype.InvalidIdempotencyKey},
+	{"SoftHyphen", msgWith(`{"event_id":"k\u00adk"}`, "", ""), "", inboxtype.InvalidIdempotencyKey},
+	{"NoBreakSpace", msgWith(`{"event_id":"a\u00a0b"}`, "", ""), "", inboxtype.InvalidIdempotencyKey},
+	{"IdeographicSpace", msgWith(`{"event_id":"a\u3000b"}`, "", ""), "", inboxtype.InvalidIdempotencyKey},
+	{"LineSeparator", msgWith(`{}`, "Idempotency-Key", "a\u2028b"), "", inboxtype.InvalidIdempotencyKey},
 
 	// An empty header carries no key: the next source decides.
 	{"EmptyHeader", msgWith(`{"event_id":"e"}`, "Idempotency-Key", ""), "e", ""},
 	{"EmptyHeaderThenFallback", kafka.Message{Value: []byte(`{}`), Headers: []kafka.Header{
 		{Key: "Idempotency-Key"}, {Key: "X-Idempotent-Key", Value: []byte("x")}}}, "x", ""},
-	{"EmptyHeaderOnly", msgWith(`{}`, "Idempotency-Key", ""), "", fault.MissingIdempotencyKey},
+	{"EmptyHeaderOnly", msgWith(`{}`, "Idempotency-Key", ""), "", inboxtype.MissingIdempotencyKey},
 
 	// Two sources of one name that disagree: two readers would take different keys.
 	{"DuplicateEventIDSame", msgWith(`{"event_id":"e","event_id":"\u0065"}`, "", ""), "e", ""},
-	{"DuplicateEventIDDiffer", msgWith(`{"event_id":"e1","v":1,"event_id":"e2"}`, "", ""), "", fault.InvalidIdempotencyKey},
-	{"DuplicateEventIDNull", msgWith(`{"event_id":null,"event_id":"e"}`, "", ""), "", fault.InvalidIdempotencyKey},
+	{"DuplicateEventIDDiffer", msgWith(`{"event_id":"e1","v":1,"event_id":"e2"}`, "", ""), "", inboxtype.InvalidIdempotencyKey},
+	{"DuplicateEventIDNull", msgWith(`{"event_id":null,"event_id":"e"}`, "", ""), "", inboxtype.InvalidIdempotencyKey},
 	{"DuplicateHeaderSame", kafka.Message{Value: []byte(`{}`), Headers: []kafka.Header{
 		{Key: "Idempotency-Key", Value: []byte("h")}, {Key: "idempotency-key", Value: []byte("h")}}}, "h", ""},
 	{"DuplicateHeaderDiffer", kafka.Message{Value: []byte(`{}`), Headers: []kafka.Header{
-		{Key: "Idempotency-Key", Value: []byte("h1")}, {Key: "Idempotency-Key", Value: []byte("h2")}}}, "", fault.InvalidIdempotencyKey},
+		{Key: "Idempotency-Key", Value: []byte("h1")}, {Key: "Idempotency-Key", Value: []byte("h2")}}}, "", inboxtype.InvalidIdempotencyKey},
 	{"DuplicateHeaderOneEmpty", kafka.Message{Value: []byte(`{}`), Headers: []kafka.Header{
 		{Key: "Idempotency-Key", Value: []byte("h")}, {Key: "Idempotency-Key"}}}, "h", ""},
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
@@ -188,7 +189,7 @@ func TestProcessBatch(t *testing.T) {
 
 	t.Run("EffectFails", func(t *testing.T) {
 		t.Parallel()
-		errBoom := fault.Permanent(fault.InvalidPayload, errors.New("boom"))
+		errBoom := fault.Permanent(inboxtype.InvalidPayload, errors.New("boom"))
 		tests := []struct {
 			name      string
 			results   func(claimed []int) []error

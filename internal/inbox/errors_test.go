@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/pgtest"
@@ -137,7 +138,7 @@ func TestClassify(t *testing.T) {
 // TestClassifyKeeps checks the errors Classify leaves alone.
 func TestClassifyKeeps(t *testing.T) {
 	t.Parallel()
-	classified := fault.Permanent(fault.InvalidPayload, &pgconn.PgError{Code: "40001"})
+	classified := fault.Permanent(inboxtype.InvalidPayload, &pgconn.PgError{Code: "40001"})
 	plain := errors.New("no order")
 	for _, err := range []error{nil, classified, plain, fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "23505"})} {
 		if got := inbox.Classify(err); got != err {

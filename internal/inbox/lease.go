@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 )
 
@@ -327,7 +328,7 @@ func (s *Store) leaseHeld(ctx context.Context, tx pgx.Tx, msg Message) error {
 	case err != nil:
 		return Classify(fmt.Errorf("inbox: read the lease: %w", err))
 	case calledAt != nil:
-		return fault.Permanent(fault.HandlerError, fmt.Errorf(
+		return fault.Permanent(inboxtype.HandlerError, fmt.Errorf(
 			"%w: called by %s, whose record failed at %s; to call it again, delete the key's row of inbox_leases and replay",
 			ErrCalledUnrecorded, holder, calledAt.UTC().Format(time.RFC3339)))
 	}

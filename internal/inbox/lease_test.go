@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
@@ -296,7 +297,7 @@ func TestProcessCall(t *testing.T) {
 		if !errors.Is(err, errEffect) || !strings.Contains(err.Error(), "the call was made") {
 			t.Fatalf("ProcessCall: %v, want %v, saying the call was made", err, errEffect)
 		}
-		if kind, reason, _ := fault.Classify(err); kind != fault.KindPermanent || reason != fault.HandlerError {
+		if kind, reason, _ := fault.Classify(err); kind != fault.KindPermanent || reason != inboxtype.HandlerError {
 			t.Errorf("ProcessCall's error classified %v %s, want permanent handler_error", kind, reason)
 		}
 		if l, leased := e.leases(t)["k1"]; !leased || l.live || len(e.keys(t)) != 0 {
@@ -307,7 +308,7 @@ func TestProcessCall(t *testing.T) {
 		if !errors.Is(err, inbox.ErrCalledUnrecorded) || runs.Load() != 1 {
 			t.Fatalf("ProcessCall of the replay: %v after %d calls; want %v, no second call", err, runs.Load(), inbox.ErrCalledUnrecorded)
 		}
-		if kind, reason, _ := fault.Classify(err); kind != fault.KindPermanent || reason != fault.HandlerError {
+		if kind, reason, _ := fault.Classify(err); kind != fault.KindPermanent || reason != inboxtype.HandlerError {
 			t.Errorf("the replay's error classified %v %s, want permanent handler_error", kind, reason)
 		}
 		e.exec(t, `DELETE FROM inbox_leases WHERE idempotency_key = 'k1'`) // the operator says: call again
@@ -361,7 +362,7 @@ func TestProcessCall(t *testing.T) {
 	t.Run("CheckFails", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, inbox.Config{})
-		invalid := fault.Permanent(fault.InvalidPayload, errors.New("bad phone"))
+		invalid := fault.Permanent(inboxtype.InvalidPayload, errors.New("bad phone"))
 		var runs atomic.Int32
 		call := recordCall("k1", &runs)
 		call.Check = func(context.Context, pgx.Tx) error { return invalid }

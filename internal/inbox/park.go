@@ -29,7 +29,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxworker/inboxworker/internal/fault"
+	"github.com/inboxworker/inboxworker/inboxtype"
 )
 
 // Park is the park of a Store: the messages that wait, out of their partition's way, for a
@@ -74,7 +74,7 @@ type Parked struct {
 	// A message that kills its retrier is recognised by it.
 	Starts int
 	// Reason is the dead-letter reason once its retry budget runs out; empty until it has run.
-	Reason fault.Reason
+	Reason inboxtype.Reason
 	// FirstError and LastError are the errors of its first and last failed runs.
 	FirstError string
 	LastError  string
@@ -101,7 +101,7 @@ type ParkedFailure struct {
 	// Err is the error of the failed run.
 	Err error
 	// Reason is the dead-letter reason once the retry budget runs out.
-	Reason fault.Reason
+	Reason inboxtype.Reason
 	// Spent is the retry budget the failure cost: 0 when it was no fault of the message's (an outage).
 	Spent time.Duration
 	// RetryIn is how long from now the message is due again.
@@ -149,7 +149,7 @@ func scanParked(row pgx.CollectableRow) (Parked, error) {
 	if err != nil {
 		return Parked{}, err
 	}
-	p.Reason = fault.Reason(reason)
+	p.Reason = inboxtype.Reason(reason)
 	p.BudgetSpent = time.Duration(spentMicros) * time.Microsecond
 	if firstFailed != nil {
 		p.FirstFailedAt = *firstFailed

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/inspect"
 	"github.com/inboxworker/inboxworker/internal/payment"
@@ -211,7 +211,7 @@ func TestPayments(t *testing.T) {
 
 	t.Run("DeadLetter", func(t *testing.T) {
 		value := callback("", "A-1", "T-1", "SUCCESS") // another order's transaction: invalid_payload
-		letter := deadletter.Letter{Reason: fault.InvalidPayload, Error: "provider_txn_id: already recorded for order A-1",
+		letter := deadletter.Letter{Reason: inboxtype.InvalidPayload, Error: "provider_txn_id: already recorded for order A-1",
 			Topic: "payments.callbacks", Partition: 3, Offset: 77, Attempts: 1, FailedAt: time.Now().Add(-time.Hour)}
 		original := []kafka.Header{{Key: "Idempotency-Key", Value: []byte("evt-dead")}}
 		_, err := deadletter.NewStore(e.db.Pool).Save(context.Background(), deadletter.Stored{DLQTopic: "payments.callbacks.dlq",

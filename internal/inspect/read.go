@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/idkey"
 	"github.com/inboxworker/inboxworker/internal/notify"
 	"github.com/inboxworker/inboxworker/internal/payment"
@@ -244,7 +244,7 @@ func (r *RouteReport) readDeadLetters(ctx context.Context, tx pgx.Tx, key string
 		if err != nil {
 			return fmt.Errorf("read dead_letters: %w", err)
 		}
-		d.Letter.Reason = fault.Reason(reason)
+		d.Letter.Reason = inboxtype.Reason(reason)
 		for i := range min(len(names), len(values)) {
 			d.Headers = append(d.Headers, kafka.Header{Key: string(names[i]), Value: values[i]})
 		}

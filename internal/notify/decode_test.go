@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/notify"
 )
@@ -158,9 +159,9 @@ func checkDecodeError(t *testing.T, value []byte, err error) {
 	}
 	var fe *fault.Error
 	if kind, reason, _ := fault.Classify(err); !errors.As(err, &fe) || kind != fault.KindPermanent ||
-		reason != fault.InvalidPayload {
+		reason != inboxtype.InvalidPayload {
 		t.Fatalf("Decode(%q) error %v classified %v %q, want permanent %q", value, err, kind, reason,
-			fault.InvalidPayload)
+			inboxtype.InvalidPayload)
 	}
 	if longDigits.MatchString(err.Error()) {
 		t.Fatalf("Decode(%q) error %q quotes a number", value, err)

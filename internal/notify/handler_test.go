@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxworker/inboxworker"
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/notify"
@@ -262,7 +263,7 @@ func TestHandleFailures(t *testing.T) {
 		reply      notifytest.Reply
 		sender     notify.Sender
 		wantKind   fault.Kind
-		wantReason fault.Reason
+		wantReason inboxtype.Reason
 		wantError  string
 		wantCalls  int
 	}{
@@ -272,15 +273,15 @@ func TestHandleFailures(t *testing.T) {
 		{name: "Forbidden", reply: notifytest.Reply{Status: 403}, wantKind: fault.KindPermanent,
 			wantReason: notify.ProviderRejected, wantCalls: 1, wantError: "403 Forbidden"},
 		{name: "RequestTimeout", reply: notifytest.Reply{Status: 408}, wantKind: fault.KindRetryable,
-			wantReason: fault.RetriesExhausted, wantCalls: 1},
+			wantReason: inboxtype.RetriesExhausted, wantCalls: 1},
 		{name: "TooManyRequests", reply: notifytest.Reply{Status: 429, RetryAfter: "3"}, wantKind: fault.KindRetryable,
-			wantReason: fault.RetriesExhausted, wantCalls: 1},
+			wantReason: inboxtype.RetriesExhausted, wantCalls: 1},
 		{name: "InternalServerError", reply: notifytest.Reply{Status: 500}, wantKind: fault.KindRetryable,
-			wantReason: fault.RetriesExhausted, wantCalls: 1},
+			wantReason: inboxtype.RetriesExhausted, wantCalls: 1},
 		{name: "Timeout", reply: notifytest.Reply{Delay: time.Minute}, sender: timeoutSender,
-			wantKind: fault.KindRetryable, wantReason: fault.RetriesExhausted, wantCalls: 1, wantError: "no answer within"},
+			wantKind: fault.KindRetryable, wantReason: inboxtype.RetriesExhausted, wantCalls: 1, wantError: "no answer within"},
 		{name: "InvalidPayload", value: []byte(`{"phone":"8613800138000","template":"t"}`),
-			wantKind: fault.KindPermanent, wantReason: fault.InvalidPayload, wantError: "phone"},
+			wantKind: fault.KindPermanent, wantReason: inboxtype.InvalidPayload, wantError: "phone"},
 		{name: "TokenRefused", sender: must(notify.NewHTTPSender(notify.HTTPConfig{URL: e.provider.URL, Token: "wrong"})),
 			wantKind: fault.KindPermanent, wantReason: notify.ProviderRejected, wantCalls: 0, wantError: "401"},
 	} {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/notify"
 )
@@ -113,7 +114,7 @@ func TestHTTPSenderAnswers(t *testing.T) {
 
 		wantID         string
 		wantKind       fault.Kind // when the send fails
-		wantReason     fault.Reason
+		wantReason     inboxtype.Reason
 		wantRetryAfter time.Duration
 		wantInError    []string
 	}{
@@ -136,23 +137,23 @@ func TestHTTPSenderAnswers(t *testing.T) {
 		{name: "NotFound", status: 404, wantKind: fault.KindPermanent, wantReason: notify.ProviderRejected},
 		{name: "Conflict", status: 409, wantKind: fault.KindPermanent, wantReason: notify.ProviderRejected},
 		{name: "NotModified", status: 304, wantKind: fault.KindPermanent, wantReason: notify.ProviderRejected},
-		{name: "RequestTimeout", status: 408, wantKind: fault.KindRetryable, wantReason: fault.RetriesExhausted},
+		{name: "RequestTimeout", status: 408, wantKind: fault.KindRetryable, wantReason: inboxtype.RetriesExhausted},
 		{name: "TooManyRequestsRetryAfterSeconds", status: 429, retryAfter: "7",
-			wantKind: fault.KindRetryable, wantReason: fault.RetriesExhausted, wantRetryAfter: 7 * time.Second,
+			wantKind: fault.KindRetryable, wantReason: inboxtype.RetriesExhausted, wantRetryAfter: 7 * time.Second,
 			wantInError: []string{"429 Too Many Requests"}},
 		// A 429 with no Retry-After still asks to slow down: a second's wait.
 		{name: "TooManyRequestsNoRetryAfter", status: 429,
-			wantKind: fault.KindRetryable, wantReason: fault.RetriesExhausted, wantRetryAfter: time.Second},
+			wantKind: fault.KindRetryable, wantReason: inboxtype.RetriesExhausted, wantRetryAfter: time.Second},
 		{name: "TooManyRequestsRetryAfterMalformed", status: 429, retryAfter: "soon",
-			wantKind: fault.KindRetryable, wantReason: fault.RetriesExhausted, wantRetryAfter: time.Second},
+			wantKind: fault.KindRetryable, wantReason: inboxtype.RetriesExhausted, wantRetryAfter: time.Second},
 		{name: "InternalServerError", status: 500, body: "boom", wantKind: fault.KindRetryable,
-			wantReason: fault.RetriesExhausted, wantInError: []string{"500 Internal Server Error: boom"}},
-		{name: "BadGateway", status: 502, wantKind: fault.KindRetryable, wantReason: fault.RetriesExhausted},
+			wantReason: inboxtype.RetriesExhausted, wantInError: []string{"500 Internal Server Error: boom"}},
+		{name: "BadGateway", status: 502, wantKind: fault.KindRetryable, wantReason: inboxtype.RetriesExhausted},
 		{name: "ServiceUnavailableRetryAfterMalformed", status: 503, retryAfter: "soon",
-			wantKind: fault.KindRetryable, wantReason: fault.RetriesExhausted},
+			wantKind: fault.KindRetryable, wantReason: inboxtype.RetriesExhausted},
 		{name: "ServiceUnavailableRetryAfterPast", status: 503, retryAfter: "Sun, 06 Nov 1994 08:49:37 GMT",
-			wantKind: fault.KindRetryable, wantReason: fault.RetriesExhausted},
-		{name: "GatewayTimeout", status: 504, wantKind: fault.KindRetryable, wantReason: fault.RetriesExhausted},
+			wantKind: fault.KindRetryable, wantReason: inboxtype.RetriesExhausted},
+		{name: "GatewayTimeout", status: 504, wantKind: fault.KindRetryable, wantReason: inboxtype.RetriesExhausted},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

@@ -19,8 +19,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/replay"
 	"github.com/inboxworker/inboxworker/internal/startup"
@@ -332,7 +332,7 @@ func deadLetterOf(p inbox.Parked, dlqSuffix, why string, at time.Time) kafka.Mes
 	}
 	reason := p.Reason
 	if reason == "" {
-		reason = fault.RetriesExhausted
+		reason = inboxtype.RetriesExhausted
 	}
 	text := why
 	if p.LastError != "" {

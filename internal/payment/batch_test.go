@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/payment"
@@ -387,8 +388,8 @@ func TestHandleBatchStopsAtFirstError(t *testing.T) {
 	if len(errs) != 3 || errs[0] != nil || errs[2] != nil {
 		t.Fatalf("errors = %v, want one for k2 only", errs)
 	}
-	if kind, reason, _ := fault.Classify(errs[1]); kind != fault.KindPermanent || reason != fault.InvalidPayload {
-		t.Fatalf("k2: %v/%s (%v), want permanent/%s", kind, reason, errs[1], fault.InvalidPayload)
+	if kind, reason, _ := fault.Classify(errs[1]); kind != fault.KindPermanent || reason != inboxtype.InvalidPayload {
+		t.Fatalf("k2: %v/%s (%v), want permanent/%s", kind, reason, errs[1], inboxtype.InvalidPayload)
 	}
 	if s := readState(t, tx, "ORD-1"); s.Order != paid {
 		t.Errorf("ORD-1, before the invalid callback: state:\n%s", s)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/payment"
@@ -355,7 +356,7 @@ func testOneOrderPerTransactionConcurrently(t *testing.T, batched bool) {
 				continue
 			}
 			var fe *payment.FieldError
-			if kind, reason, _ := fault.Classify(side.err); kind != fault.KindPermanent || reason != fault.InvalidPayload ||
+			if kind, reason, _ := fault.Classify(side.err); kind != fault.KindPermanent || reason != inboxtype.InvalidPayload ||
 				!errors.As(side.err, &fe) || fe.Field != "provider_txn_id" {
 				t.Errorf("%s: refused with %v/%s: %v; want invalid_payload naming provider_txn_id", txn, kind, reason, side.err)
 			}

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/payment"
 )
@@ -173,8 +174,8 @@ func checkInvalid(t *testing.T, err error) string {
 		t.Fatal("got nil error, want invalid_payload")
 	}
 	kind, reason, _ := fault.Classify(err)
-	if kind != fault.KindPermanent || reason != fault.InvalidPayload {
-		t.Fatalf("classified %v/%s, want permanent/%s: %v", kind, reason, fault.InvalidPayload, err)
+	if kind != fault.KindPermanent || reason != inboxtype.InvalidPayload {
+		t.Fatalf("classified %v/%s, want permanent/%s: %v", kind, reason, inboxtype.InvalidPayload, err)
 	}
 	var fe *payment.FieldError
 	if !errors.As(err, &fe) {

@@ -14,9 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/consumer"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/kafkatest"
 	"github.com/inboxworker/inboxworker/internal/payment"
@@ -187,7 +187,7 @@ func testThroughConsumer(t *testing.T, mode consumer.Transactions) {
 			}
 		}
 	}
-	wantDead := map[string]string{"e1-bad": string(fault.InvalidPayload), "e8": string(payment.UnknownOrder)}
+	wantDead := map[string]string{"e1-bad": string(inboxtype.InvalidPayload), "e8": string(payment.UnknownOrder)}
 	if len(dead) != len(wantDead) || dead["e1-bad"] != wantDead["e1-bad"] || dead["e8"] != wantDead["e8"] {
 		t.Errorf("dead letters by key: %v, want %v", dead, wantDead)
 	}
@@ -272,7 +272,7 @@ func testOneOrderPerTransactionThroughConsumer(t *testing.T, mode consumer.Trans
 					detail = string(h.Value)
 				}
 			}
-			if reason != string(fault.InvalidPayload) || !strings.Contains(detail, "provider_txn_id") {
+			if reason != string(inboxtype.InvalidPayload) || !strings.Contains(detail, "provider_txn_id") {
 				t.Errorf("dead letter of %s: %s: %s; want invalid_payload naming provider_txn_id", m.Key, reason, detail)
 			}
 			dead[string(m.Key)] = true

@@ -30,8 +30,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 
+	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
-	"github.com/inboxworker/inboxworker/internal/fault"
 	"github.com/inboxworker/inboxworker/internal/idkey"
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/notify"
@@ -184,7 +184,7 @@ type deadLetter struct {
 	message   kafka.Message // for the original topic: key, value and headers less the dlq-* ones
 	// idempotencyKey is the key the worker will read, for the output, or keyProblem why it has none.
 	idempotencyKey string
-	keyProblem     fault.Reason
+	keyProblem     inboxtype.Reason
 }
 
 // topicPartitions returns the partitions of topic in meta, sorted.
