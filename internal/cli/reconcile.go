@@ -12,13 +12,14 @@ import (
 	"github.com/inboxworker/inboxworker/internal/inbox"
 	"github.com/inboxworker/inboxworker/internal/payment"
 	"github.com/inboxworker/inboxworker/internal/reconcile"
+	"github.com/inboxworker/inboxworker/internal/settings"
 )
 
 // statusTimeout bounds a request to the payment status endpoint, its answer included.
 const statusTimeout = 10 * time.Second
 
 // paymentStatus is the status endpoint of PAYMENT_STATUS_URL, nil when it is unset.
-func paymentStatus(cfg *Config) (*reconcile.Status, error) {
+func paymentStatus(cfg *settings.Config) (*reconcile.Status, error) {
 	if cfg.PaymentStatusURL == "" {
 		return nil, nil
 	}
@@ -35,7 +36,7 @@ type reconciliation struct {
 // newReconciliation registers reconciliation's metrics with reg and builds its reconciler, if any.
 func newReconciliation(cfg *Config, pool *pgxpool.Pool, reg prometheus.Registerer, logger *slog.Logger) (*reconciliation, error) {
 	r := &reconciliation{metrics: reconcile.NewMetrics(reg)}
-	status, err := paymentStatus(cfg)
+	status, err := paymentStatus(cfg.Config)
 	if err != nil || status == nil {
 		if err == nil {
 			logger.Info("PAYMENT_STATUS_URL is unset: orders left PENDING are counted, not asked about")

@@ -150,13 +150,12 @@ func routeSettings(routes []routeRow) []settings.Route {
 // checks of what they name: the status endpoint's URL, the SMS provider's.
 func resolve(fs *envflag.Set[settings.Config], getenv func(string) string, routes []routeRow, all []*settings.Var) (*Config, error) {
 	c, err := settings.Resolve(fs, getenv, routeSettings(routes), all, func(c *settings.Config, fail settings.Fail) error {
-		cfg := &Config{Config: c}
-		if _, err := paymentStatus(cfg); err != nil {
+		if _, err := paymentStatus(c); err != nil {
 			return fail("PAYMENT_STATUS_URL", "%v", err)
 		}
 		// The provider's URL and token are checked by the sender itself, here rather than once the
 		// connections are made.
-		if _, se := providerSender(cfg, nil); se != nil {
+		if _, se := providerSender(c, nil); se != nil {
 			return fail(se.Name, "%v", se.Err)
 		}
 		return nil

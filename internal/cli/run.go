@@ -241,7 +241,7 @@ func drainTimeout(shutdown time.Duration) time.Duration {
 
 // smsSender is the HTTP gateway of SMS_PROVIDER_URL, or a sender that only logs when it is unset.
 func smsSender(cfg *Config, logger *slog.Logger, tracer *tracing.Tracer) (notify.Sender, error) {
-	sender, se := providerSender(cfg, tracer)
+	sender, se := providerSender(cfg.Config, tracer)
 	switch {
 	case se != nil:
 		return nil, se
@@ -255,7 +255,7 @@ func smsSender(cfg *Config, logger *slog.Logger, tracer *tracing.Tracer) (notify
 // providerSender is the HTTP gateway of SMS_PROVIDER_URL, nil when it is unset, tracing its
 // requests with tracer. The sender checks the URL and the token itself; its errors are told here in
 // the settings' terms, without the token and with the URL masked.
-func providerSender(cfg *Config, tracer *tracing.Tracer) (*notify.HTTPSender, *settings.Error) {
+func providerSender(cfg *settings.Config, tracer *tracing.Tracer) (*notify.HTTPSender, *settings.Error) {
 	if cfg.SMSProviderURL == "" {
 		return nil, nil
 	}
