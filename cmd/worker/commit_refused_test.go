@@ -35,7 +35,8 @@ const (
 // as a 4.x broker answers a version it no longer serves. Each time the worker logs the failure with
 // the cause, counts it in inboxworker_offset_commit_failures_total, and, once commits have failed
 // for OFFSET_COMMIT_FAILURE_TIMEOUT without a success, answers /readyz with 503 — not before; once
-// the broker takes commits again, it commits what it applied meanwhile and is ready again.
+// the broker takes commits again, it commits what it applied meanwhile and is ready again. It never
+// leaves its group for it.
 func TestRefusedOffsetCommit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -106,6 +107,17 @@ func TestRefusedOffsetCommit(t *testing.T) {
 			stop()
 			waitCommitted(t, cluster, stream.count())
 			waitReady(t, base, 200)
+			// The membership is the heartbeats': a refused commit, even one whose connection the
+			// broker closed, is tried again in the same generation.
+			rejoins := 0
+			for _, l := range p.allLogs()[seen:] {
+				if l["msg"] == "joined a generation of the consumer group" {
+					rejoins++
+				}
+			}
+			if rejoins != 0 {
+				t.Errorf("the worker joined its group %d times while its commits were refused, want 0", rejoins)
+			}
 		})
 	}
 

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // The commit step: the offset after the highest contiguous finished message of a partition,
@@ -20,6 +22,9 @@ import (
 // commitRetry is how long after a failed commit its offset is committed again when nothing else
 // finished meanwhile.
 const commitRetry = time.Second
+
+// commitTimeout bounds an offset commit, as kafka-go bounds its group requests.
+const commitTimeout = 5 * time.Second
 
 // commitDue says whether the offset is to be committed now, or else how long until it will be.
 func (p *partition) commitDue(draining bool) (bool, time.Duration) {
@@ -70,7 +75,7 @@ func (p *partition) commitOffset(offset int64) {
 	if hook := p.c.beforeOffsetCommit; hook != nil {
 		hook(p.topic, p.id, offset)
 	}
-	err := p.gen.CommitOffsets(map[string]map[int]int64{p.topic: {p.id: offset}})
+	err := p.commitToBroker(offset)
 	p.c.commits.result(err)
 	if err != nil {
 		p.c.metrics.commitFailed(p.topic)
@@ -92,6 +97,37 @@ func (p *partition) commitOffset(offset int64) {
 	if o := p.c.config.Observer; o != nil {
 		o.Committed(p.topic, p.id, offset)
 	}
+}
+
+// commitToBroker commits offset in the generation that assigned the partition. It is sent on the
+// consumer's own client (Consumer.committer), not on the generation's connection, which kafka-go's
+// Generation.CommitOffsets would use: a broker that closes the connection of a commit it refuses
+// would take the generation's heartbeats with it, and the consumer would leave its group and rejoin
+// at every commit. A commit the broker answers with the generation over (a rebalance, a member it
+// no longer knows) fails here; the heartbeats end the generation.
+func (p *partition) commitToBroker(offset int64) error {
+	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
+	defer cancel()
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group, req.Generation, req.MemberID = p.gen.GroupID, p.gen.ID, p.gen.MemberID
+	t := kmsg.NewOffsetCommitRequestTopic()
+	t.Topic = p.topic
+	part := kmsg.NewOffsetCommitRequestTopicPartition()
+	part.Partition, part.Offset = int32(p.id), offset
+	t.Partitions = append(t.Partitions, part)
+	req.Topics = append(req.Topics, t)
+	resp, err := req.RequestWith(ctx, p.c.committer)
+	if err != nil {
+		return err
+	}
+	for _, t := range resp.Topics {
+		for _, part := range t.Partitions {
+			if part.ErrorCode != 0 {
+				return kafka.Error(part.ErrorCode)
+			}
+		}
+	}
+	return nil
 }
 
 // commitError is err as a failed commit's log entry tells it: the broker's error, named, or what

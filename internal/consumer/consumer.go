@@ -43,6 +43,9 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/inboxworker/inboxworker/inboxtype"
 	"github.com/inboxworker/inboxworker/internal/deadletter"
@@ -288,6 +291,9 @@ type Consumer struct {
 	metrics   *Metrics
 	dialer    *kafka.Dialer
 	transport *kafka.Transport // for the dead-letter writer and the lag client
+	// committer commits the offsets (commitToBroker), on connections of its own, which find the
+	// group's coordinator once and keep it.
+	committer *kgo.Client
 	dlq       *kafka.Writer
 	lag       *lagReporter
 
@@ -562,8 +568,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return errors.New("consumer: Run called twice")
 	}
 	c.readCountsBeforeJoin(ctx)
+	var err error
+	if c.committer, err = c.newCommitter(); err != nil {
+		return err
+	}
 	group, err := kafka.NewConsumerGroup(c.groupConfig())
 	if err != nil {
+		c.committer.Close()
 		return fmt.Errorf("consumer: %w", err)
 	}
 	defer c.closeConnections()
@@ -733,11 +744,28 @@ func (c *Consumer) topics() []string {
 	return topics
 }
 
+// newCommitter returns the client the offsets are committed with (commitToBroker). A commit that
+// fails is tried again by its partition (commitDue): kgo tries once more only, for a connection the
+// broker closed while it was idle. OffsetCommit 10 (Kafka 4.1) names topics by id, which the worker
+// does not know: it asks for 9 at most.
+func (c *Consumer) newCommitter() (*kgo.Client, error) {
+	versions := kversion.Stable()
+	versions.SetMaxKeyVersion(kmsg.OffsetCommit.Int16(), 9)
+	committer, err := kgo.NewClient(append(c.kgoOptions(c.log), kgo.RequestRetries(1), kgo.MaxVersions(versions))...)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	return committer, nil
+}
+
 func (c *Consumer) closeConnections() {
 	if err := c.dlq.Close(); err != nil {
 		c.log.Warn("cannot close the dead-letter writer", "error", err)
 	}
 	c.transport.CloseIdleConnections()
+	if c.committer != nil { // nil before Run
+		c.committer.Close()
+	}
 }
 
 func assignmentsAttr(gen *kafka.Generation) map[string][]int {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -254,7 +255,7 @@ func (l *lagReporter) describe(ctx context.Context) (groupDescription, error) {
 	}
 	d := groupDescription{State: g.GroupState}
 	for _, m := range g.Members {
-		member := groupMember{ID: m.MemberID, ClientID: m.ClientID, Host: m.ClientHost, Assigned: map[string][]int32{}}
+		member := groupMember{ID: m.MemberID, ClientID: m.ClientID, Host: memberHost(m.ClientHost), Assigned: map[string][]int32{}}
 		var meta kmsg.ConsumerMemberMetadata
 		if len(m.MemberMetadata) > 0 && meta.ReadFrom(m.MemberMetadata) == nil {
 			member.Topics = meta.Topics
@@ -390,4 +391,15 @@ func (l *lagReporter) warnIdle(genCtx context.Context, member string) {
 	default:
 		l.c.log.WarnContext(genCtx, "holding no partitions: the group's leader assigned this member none", attrs...)
 	}
+}
+
+// memberHost is the address of a member's host as a group's description gives it, without the
+// leading slash Kafka writes and without the port of the member's connection, which changes at each
+// reconnection and names no instance: "/10.0.0.7" and "10.0.0.7:56662" are "10.0.0.7".
+func memberHost(clientHost string) string {
+	h := strings.TrimPrefix(clientHost, "/")
+	if host, _, err := net.SplitHostPort(h); err == nil {
+		return host
+	}
+	return h
 }

@@ -320,3 +320,46 @@ func countLogs(logs *testlog.Records, msg string) int {
 	}
 	return n
 }
+
+// TestOffsetCommitConnectionClosed: a broker that closes the connection on every offset commit
+// (as a Kafka 4 broker does to a request version it no longer serves) does not make the consumer
+// leave its group. Its commits are tried again in the generation that assigned the partition; the
+// membership, its heartbeats, goes on: not one JoinGroup more while commits fail, and what was
+// applied meanwhile is committed once the broker takes commits again.
+func TestOffsetCommitConnectionClosed(t *testing.T) {
+	t.Parallel()
+	e := setup(t, testMode{consumer.PerMessage, consumer.ByKey}, 1)
+	var refuse atomic.Bool
+	var refused, joins atomic.Int64
+	e.kafka.ControlKey(int16(kmsg.JoinGroup), func(kmsg.Request) (kmsg.Response, error, bool) {
+		e.kafka.KeepControl()
+		joins.Add(1)
+		return nil, nil, false
+	})
+	e.kafka.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.kafka.KeepControl()
+		if !refuse.Load() {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		return nil, errors.New("closing the connection"), true
+	})
+	config := e.config(&recorder{})
+	c, _ := e.start(config)
+	e.produce("before")
+	e.waitFor("the first offset committed", func() bool { return e.committed() == 1 })
+	e.waitFor("the consumer ready", c.Ready)
+	joined := joins.Load()
+
+	refuse.Store(true)
+	e.produce(keys("during", 5)...)
+	e.waitFor("three commits refused", func() bool { return refused.Load() >= 3 })
+	refuse.Store(false)
+	e.waitFor("the offsets committed", func() bool { return e.committed() == 6 })
+	if n := joins.Load() - joined; n != 0 {
+		t.Errorf("%d JoinGroup requests while commits were refused, want 0: a failed commit is no reason to leave the group", n)
+	}
+	if got := outcomes(config, "duplicate"); got != 0 {
+		t.Errorf("%v duplicates: messages were delivered again though the consumer kept its partition", got)
+	}
+}

@@ -19,8 +19,8 @@ import (
 // of a transaction still open waits for its commit (the fetch stops at the last stable offset), and
 // the markers a transactional producer writes after each transaction are never taken for messages.
 // kafka-go cannot (segmentio/kafka-go#1332: its Reader hands over aborted records and markers as
-// messages, and its IsolationLevel changes nothing), so kafka-go keeps the group membership, the
-// offset commits and the dead-letter writer, and kgo reads; its records become kafka.Message here,
+// messages, and its IsolationLevel changes nothing), so kafka-go keeps the group membership and the
+// dead-letter writer, and kgo reads (and commits: commitToBroker); its records become kafka.Message here,
 // at the fetch boundary, so the rest of the pipeline and the public API are unchanged.
 
 // record is what a partition's reader hands over: a message, or a transaction's marker, which is
@@ -57,12 +57,7 @@ func (c *Consumer) newReader(topic string, partition int, offset int64, log *slo
 	case kafka.LastOffset:
 		at = kgo.NewOffset().AtEnd()
 	}
-	opts := []kgo.Opt{
-		kgo.SeedBrokers(c.config.Brokers...),
-		kgo.ClientID(c.config.ClientID),
-		kgo.DialTimeout(10 * time.Second),
-		kgo.WithLogger(kgoLogger(log)),
-		kgo.DisableClientMetrics(), // the worker's metrics are its own (/metrics), not the broker's
+	opts := append(c.kgoOptions(log),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {int32(partition): at}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.KeepControlRecords(),
@@ -79,6 +74,23 @@ func (c *Consumer) newReader(topic string, partition int, offset int64, log *slo
 		// created again is known after five (UNKNOWN_TOPIC_ID), in about 2.5s rather than kgo's
 		// default 250ms doubling to 5s, about 12s.
 		kgo.RetryBackoffFn(retryBackoff),
+	)
+	client, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("read %s/%d: %w", topic, partition, err)
+	}
+	return &reader{client: client, topic: topic, partition: int32(partition), position: max(offset, -1)}, nil
+}
+
+// kgoOptions are the options of the consumer's kgo clients: where the brokers are and how to
+// connect to them.
+func (c *Consumer) kgoOptions(log *slog.Logger) []kgo.Opt {
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(c.config.Brokers...),
+		kgo.ClientID(c.config.ClientID),
+		kgo.DialTimeout(10 * time.Second),
+		kgo.WithLogger(kgoLogger(log)),
+		kgo.DisableClientMetrics(), // the worker's metrics are its own (/metrics), not the broker's
 	}
 	if c.config.TLS != nil {
 		opts = append(opts, kgo.DialTLSConfig(c.config.TLS))
@@ -86,11 +98,7 @@ func (c *Consumer) newReader(topic string, partition int, offset int64, log *slo
 	if c.config.SASL != nil {
 		opts = append(opts, kgo.SASL(saslMechanism{c.config.SASL}))
 	}
-	client, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("read %s/%d: %w", topic, partition, err)
-	}
-	return &reader{client: client, topic: topic, partition: int32(partition), position: max(offset, -1)}, nil
+	return opts
 }
 
 // next returns the partition's next record, waiting for one until ctx is done. An error is the
