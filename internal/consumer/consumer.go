@@ -790,25 +790,47 @@ func kafkaLogger(log *slog.Logger, level slog.Level) kafka.Logger {
 }
 
 // kafkaErrorLogger is kafkaLogger for kafka-go's errors, at warn: each kind of error (its format)
-// said once, then at most once a minute with how often since; a fetch that timed out on an idle
-// partition (kafka-go reports the end of its long poll as an "unknown error … i/o timeout") is
-// no warning, at debug.
+// said once, then at most once a minute with how often since. The error is an attribute of its own,
+// out of the message ("Failed to sync group inboxworker", error "[27] Rebalance In Progress: …"), so
+// that the lines of one kind group together. A group's rebalance, which kafka-go reports as a
+// failed join or sync answered REBALANCE_IN_PROGRESS, is no warning: the consumer's own lines tell
+// the generations; it is at debug.
 func kafkaErrorLogger(log *slog.Logger) kafka.Logger {
 	log = log.With("component", "kafka-go")
 	said := &repeats{interval: repeatInterval}
 	return kafka.LoggerFunc(func(format string, args ...any) {
 		ctx := context.Background()
-		msg := fmt.Sprintf(format, args...)
-		if strings.Contains(format, "unknown error reading partition") && strings.Contains(msg, "i/o timeout") {
-			log.DebugContext(ctx, msg)
+		msg, err := kafkaLogEntry(format, args)
+		var attrs []any
+		if err != nil {
+			attrs = append(attrs, "error", err)
+		}
+		if errors.Is(err, kafka.RebalanceInProgress) {
+			log.DebugContext(ctx, msg, attrs...)
 			return
 		}
 		if ok, since := said.say(format, time.Now()); ok {
 			if since > 0 {
-				log.WarnContext(ctx, msg, "repeated", since)
-			} else {
-				log.WarnContext(ctx, msg)
+				attrs = append(attrs, "repeated", since)
 			}
+			log.WarnContext(ctx, msg, attrs...)
 		}
 	})
+}
+
+// kafkaLogEntry is kafka-go's line (format, args) as a message and its error: a format ending in
+// ": %v" (or %s, %w) of an error is the message before it, and the error; any other line is its
+// whole text, and no error.
+func kafkaLogEntry(format string, args []any) (string, error) {
+	format = strings.TrimRight(format, "\n")
+	if n := len(args); n > 0 {
+		if err, ok := args[n-1].(error); ok {
+			for _, verb := range []string{": %v", ": %s", ": %w"} {
+				if head, found := strings.CutSuffix(format, verb); found {
+					return fmt.Sprintf(head, args[:n-1]...), err
+				}
+			}
+		}
+	}
+	return fmt.Sprintf(format, args...), nil
 }

@@ -1,9 +1,13 @@
 package consumer
 
 import (
+	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/segmentio/kafka-go"
 
 	"github.com/inboxworker/inboxworker/internal/testlog"
 )
@@ -40,27 +44,30 @@ func TestRepeats(t *testing.T) {
 	}
 }
 
-// TestKafkaErrorLogger: kafka-go's report of an idle partition's long poll ending is no warning;
-// any other of its errors is said once, not once per occurrence.
+// TestKafkaErrorLogger: a rebalance kafka-go reports as a failed sync is no warning; any other of
+// its errors is said once, not once per occurrence, its error an attribute out of the message.
 func TestKafkaErrorLogger(t *testing.T) {
 	t.Parallel()
 	logger, logs := testlog.Capture(t)
 	l := kafkaErrorLogger(logger)
 	for range 3 {
-		l.Printf("the kafka reader got an unknown error reading partition %d of %s at offset %d: %s", 2, "events", 150,
-			"read tcp 127.0.0.1:57902->127.0.0.1:46199: i/o timeout")
-		l.Printf("Failed to sync group %s: %v", "g", "[27] Rebalance In Progress")
+		l.Printf("Failed to sync group %s: %v", "g", kafka.RebalanceInProgress)
+		l.Printf("Failed to join group %s: %v", "g", fmt.Errorf("dial tcp 127.0.0.1:%d: connection refused", 9092))
 	}
-	var warnings, debug int
+	var warnings, debug []testlog.Record
 	for _, r := range logs.All() {
 		switch r.Level {
 		case slog.LevelWarn:
-			warnings++
+			warnings = append(warnings, r)
 		case slog.LevelDebug:
-			debug++
+			debug = append(debug, r)
 		}
 	}
-	if warnings != 1 || debug != 3 {
-		t.Errorf("%d warnings and %d debug lines, want 1 (the sync failure, once) and 3 (the idle polls)", warnings, debug)
+	if len(warnings) != 1 || len(debug) != 3 {
+		t.Fatalf("%d warnings and %d debug lines, want 1 (the failed join, once) and 3 (the rebalance)", len(warnings), len(debug))
+	}
+	if w := warnings[0]; w.Message != "Failed to join group g" || !strings.Contains(w.Attrs["error"].String(), "connection refused") {
+		t.Errorf("warning %q with error %q, want the message without its error, and the error as an attribute",
+			w.Message, w.Attrs["error"])
 	}
 }
