@@ -14,8 +14,9 @@ import (
 // TestReplayDeadLetters runs `worker run`, which dead-letters a payment callback for an order that
 // does not exist yet (unknown_order, once RETRY_MAX_ELAPSED is spent). Once the order exists, `worker
 // replay` puts the callback back with its headers, so the worker applies it under its
-// Idempotency-Key header (not the event_id of its JSON): the order is PAID once. A second replay is
-// a duplicate for the inbox and changes nothing.
+// Idempotency-Key header (not the event_id of its JSON): the order is PAID once. A second replay
+// skips it, as replayed before; one told --again puts it back, a duplicate for the inbox that changes
+// nothing.
 func TestReplayDeadLetters(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -50,11 +51,11 @@ func TestReplayDeadLetters(t *testing.T) {
 		VALUES ('R-1', 'u-1', 10.00, 'CNY', 'PENDING')`); err != nil {
 		t.Fatal(err)
 	}
-	replay := func() string {
+	replay := func(extra ...string) string {
 		t.Helper()
 		r := startWorker(t, []string{"KAFKA_BROKERS=" + env.brokers, "DATABASE_URL=" + env.databaseURL,
 			"STARTUP_TIMEOUT=" + env.startupTimeout},
-			"replay", dlq, "--reason", "unknown_order")
+			append([]string{"replay", dlq, "--reason", "unknown_order"}, extra...)...)
 		if code := r.wait(); code != 0 {
 			t.Fatalf("worker replay: exit code %d", code)
 		}
@@ -74,7 +75,11 @@ func TestReplayDeadLetters(t *testing.T) {
 	})
 	checkPaidOnce(t, env.pool)
 
-	replay()
+	// A second replay skips the letter it put back; told --again, it puts it back a second time.
+	if stdout := replay(); !strings.HasSuffix(stdout, "replayed 0, skipped 1 ((replayed before; --again replays them) 1) from "+dlq+"\n") {
+		t.Errorf("a second worker replay printed:\n%s", stdout)
+	}
+	replay("--again")
 	eventually(t, func() string {
 		if n := messagesTotal(scrape(t, base))[topicPayments]["duplicate"]; n != 1 {
 			return fmt.Sprintf("%v duplicates, want the callback replayed a second time", n)

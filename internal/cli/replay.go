@@ -3,6 +3,9 @@ package cli
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/envflag"
@@ -28,13 +31,13 @@ func replayCommand() *command {
 			"stops the command before anything is written. Prints one line per dead letter replayed\n" +
 			"and a summary.\n" +
 			"\n" +
-			"Nothing is deleted: Kafka topics are append-only, so replaying twice puts a message back\n" +
-			"twice. The inbox makes that harmless for a message that was applied (its key is skipped as\n" +
-			"a duplicate); a message that fails again is dead-lettered again. A row of dead_letters is\n" +
-			"replayed once, even by two replays at once: each claims a row before writing it and marks it\n" +
-			"replayed after; a row another replay holds is skipped, and the claim of a replay that died\n" +
-			"lapses after 2 minutes, when the next replay takes the row. Try --dry-run first, and replay\n" +
-			"only the --reason whose cause you fixed.",
+			"Nothing is deleted: Kafka topics are append-only. Each dead letter is replayed once, even by\n" +
+			"two replays at once: each claims a letter before writing it and marks it replayed after (in\n" +
+			"the tables dead_letter_replays and dead_letters); a letter replayed before is skipped and\n" +
+			"counted (--again replays it anyway), one another replay holds is skipped, and the claim of\n" +
+			"a replay that died lapses after 2 minutes, when the next replay takes the letter. A message\n" +
+			"that fails again is dead-lettered again: a new dead letter. Try --dry-run first, and replay\n" +
+			"only the --reason whose cause you fixed, --since it was fixed.",
 		use: settings.UseReplay,
 		flags: []*settings.Var{
 			{Flag: "reason", Meta: "REASON",
@@ -46,6 +49,15 @@ func replayCommand() *command {
 			{Flag: "limit", Meta: "N",
 				Usage: "replay at most N dead letters (unset: all)",
 				Set:   func(_ *settings.Config, v string) error { return envflag.Limit(&opts.Limit, v) }},
+			{Flag: "again", Default: "false",
+				Usage: "replay the dead letters of the topic replayed before too",
+				Set:   func(_ *settings.Config, v string) error { return envflag.Bool(&opts.Again, v) }},
+			{Flag: "since", Meta: "TIME",
+				Usage: "replay only the dead letters that failed at or after TIME: RFC 3339 (2026-12-05T08:00:00Z), or a duration ago (2h) (unset: all)",
+				Set:   func(_ *settings.Config, v string) error { return parseSince(&opts.Since, v, time.Now()) }},
+			{Flag: "from-offset", Meta: "N",
+				Usage: "replay only the topic's dead letters from offset N of each partition on (unset: all)",
+				Set:   func(_ *settings.Config, v string) error { return parseOffset(&opts.FromOffset, v) }},
 		},
 		run: func(ctx context.Context, a *app, cfg *Config, args []string) error {
 			return runReplay(ctx, a, cfg, args, opts)
@@ -66,4 +78,38 @@ func runReplay(ctx context.Context, a *app, cfg *Config, args []string, opts rep
 	}
 	logStart(ctx, logger, "replay", cfg)
 	return r.Run(ctx)
+}
+
+// parseSince sets since to v: an RFC 3339 time, or a duration before now (at most 10 years); ""
+// leaves it unset.
+func parseSince(since *time.Time, v string, now time.Time) error {
+	if v == "" {
+		return nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		if t.After(now) {
+			return fmt.Errorf("%s is in the future", v)
+		}
+		*since = t
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 || d > 10*365*24*time.Hour {
+		return fmt.Errorf("want an RFC 3339 time (2026-12-05T08:00:00Z) or a duration ago from 1ns to 10 years (2h), not %q", v)
+	}
+	*since = now.Add(-d)
+	return nil
+}
+
+// parseOffset sets offset to v, an offset of a partition: 0 or more; "" leaves it unset.
+func parseOffset(offset *int64, v string) error {
+	if v == "" {
+		return nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return fmt.Errorf("want an offset, 0 or more, not %q", v)
+	}
+	*offset = n
+	return nil
 }

@@ -330,8 +330,8 @@ func TestReplay(t *testing.T) {
 		}
 		for i, tail := range []string{"reason=provider_rejected to=notifications.sms key=sms-1",
 			"reason=provider_rejected to=notifications.sms key=sms-hdr-2",
-			"reason=provider_rejected to=notifications.sms key=(invalid_idempotency_key)",
-			"reason=invalid_payload to=notifications.sms key=(invalid_payload)"} {
+			"reason=provider_rejected to=notifications.sms key=(invalid)",
+			"reason=invalid_payload to=notifications.sms key=(none: the value is not JSON)"} {
 			line := fmt.Sprintf("replayed %s partition=0 offset=%d %s\n", replaySMSDLQ, i, tail)
 			if !strings.Contains(r.stdout, line) {
 				t.Errorf("stdout lacks %q", line)
@@ -387,12 +387,24 @@ func TestReplayStored(t *testing.T) {
 			t.Errorf("the other dead-letter topic's row: pending %v, want it untouched", got)
 		}
 
-		// A row is replayed once; the topic's dead letters are there for good.
-		if r := c.replay(replayDLQ, "--reason", "unknown_order"); r.code != 0 {
+		// Each is replayed once: the topic's dead letter is skipped, and counted, by a second replay;
+		// --again puts it back again.
+		r = c.replay(replayDLQ, "--reason", "unknown_order")
+		if r.code != 0 {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		if keys := keys(c.read(replayPayments)); !slices.Equal(keys, []string{"S-1", "S-2"}) {
+			t.Errorf("after a second replay %s holds %v, want S-1 and S-2 once", replayPayments, keys)
+		}
+		want = "replayed 0, skipped 2 ((replayed before; --again replays them) 1, invalid_payload 1) from " + replayDLQ + "\n"
+		if r.stdout != want {
+			t.Errorf("second replay: stdout %q, want %q", r.stdout, want)
+		}
+		if r := c.replay(replayDLQ, "--reason", "unknown_order", "--again"); r.code != 0 {
 			t.Fatalf("exit %d: %s", r.code, r.stderr)
 		}
 		if keys := keys(c.read(replayPayments)); !slices.Equal(keys, []string{"S-1", "S-1", "S-2"}) {
-			t.Errorf("after a second replay %s holds %v, want S-1 twice and S-2 once", replayPayments, keys)
+			t.Errorf("after a replay --again %s holds %v, want S-1 twice and S-2 once", replayPayments, keys)
 		}
 	})
 
@@ -540,7 +552,7 @@ func TestReplayHelp(t *testing.T) {
 	}
 	for _, want := range []string{"Usage: worker replay [flags] DLQ_TOPIC", "--dry-run", "--reason REASON",
 		"--limit N", "--kafka-brokers LIST", "--dlq-suffix SUFFIX", "--database-url URL", "dead_letters",
-		"replaying twice puts a message back"} {
+		"Each dead letter is replayed once", "--again", "--since TIME", "--from-offset N"} {
 		if !strings.Contains(strings.Join(strings.Fields(r.stdout), " "), want) {
 			t.Errorf("worker replay --help lacks %q:\n%s", want, r.stdout)
 		}
@@ -615,17 +627,24 @@ func writeAll(addr, topic string, msgs ...kafka.Message) error {
 }
 
 // TestReplayStoredConcurrently runs two replays of one dead-letter topic at once, as two operators
-// might: each row of dead_letters is put back once, by one of them, and both succeed.
+// might: each dead letter, of the topic or a row of dead_letters, is put back once, by one of them,
+// and both succeed.
 func TestReplayStoredConcurrently(t *testing.T) {
 	t.Parallel()
 	c := setupReplay(t)
 	const n = 40
 	var want []string
+	var inTopic []kafka.Message
 	for i := range n {
 		key := fmt.Sprintf("C-%02d", i)
 		c.store(replayDLQ, dead(callback(fmt.Sprintf("evt-%d", i), key), "unknown_order", replayPayments))
-		want = append(want, key)
+		topicKey := fmt.Sprintf("T-%02d", i)
+		inTopic = append(inTopic, dead(callback(fmt.Sprintf("evt-t%d", i), topicKey), "unknown_order", replayPayments))
+		want = append(want, key, topicKey)
 	}
+	c.deadLetter(replayDLQ, inTopic...)
+	slices.Sort(want)
+	n2 := 2 * n
 	start := make(chan struct{})
 	results := make([]result, 2)
 	var wg sync.WaitGroup
@@ -649,10 +668,10 @@ func TestReplayStoredConcurrently(t *testing.T) {
 		replayed += count
 	}
 	if got := keys(c.read(replayPayments)); !slices.Equal(got, want) {
-		t.Errorf("%s holds %d messages, want each of the %d rows once: %v", replayPayments, len(got), n, got)
+		t.Errorf("%s holds %d messages, want each of the %d dead letters once: %v", replayPayments, len(got), n2, got)
 	}
-	if replayed != n {
-		t.Errorf("the two replays say they replayed %d, want %d between them", replayed, n)
+	if replayed != n2 {
+		t.Errorf("the two replays say they replayed %d, want %d between them", replayed, n2)
 	}
 	if got := c.pending(replayDLQ); len(got) != 0 {
 		t.Errorf("pending after both: %v, want none", got)
@@ -740,5 +759,59 @@ func TestReplayKeepsTheRecordTimestamp(t *testing.T) {
 		if _, original := deadletter.Read(m.Headers); len(original) != len(m.Headers) {
 			t.Errorf("%s replayed with dlq-* headers: %v", m.Key, m.Headers)
 		}
+	}
+}
+
+// TestReplayTwice is an operator replaying the same dead-letter topic again after the letters it put
+// back failed once more and were dead-lettered again: the second replay offers only the new letters,
+// says how many it skips as replayed before, and --since and --from-offset bound it.
+func TestReplayTwice(t *testing.T) {
+	t.Parallel()
+	c := setupReplay(t)
+	failedAt := func(msg kafka.Message, at time.Time) kafka.Message {
+		letter, original := deadletter.Read(msg.Headers)
+		letter.FailedAt = at
+		msg.Headers = letter.Headers(original)
+		return msg
+	}
+	first := time.Date(2026, 12, 4, 9, 0, 0, 0, time.UTC)
+	c.deadLetter(replayDLQ,
+		failedAt(dead(callback("evt-1", "R-1"), "unknown_order", replayPayments), first),
+		failedAt(dead(callback("evt-2", "R-2"), "unknown_order", replayPayments), first))
+	if r := c.replay(replayDLQ); r.code != 0 || !strings.HasSuffix(r.stdout, "replayed 2, skipped 0 from "+replayDLQ+"\n") {
+		t.Fatalf("first replay: exit %d, stdout %q", r.code, r.stdout)
+	}
+	// The worker takes them again and they fail again: two new dead letters, at offsets 2 and 3.
+	again := first.Add(time.Hour)
+	c.deadLetter(replayDLQ,
+		failedAt(dead(callback("evt-1", "R-1"), "unknown_order", replayPayments), again),
+		failedAt(dead(callback("evt-2", "R-2"), "unknown_order", replayPayments), again))
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--dry-run"}, "would replay " + replayDLQ + " partition=0 offset=2 reason=unknown_order to=" + replayPayments + " key=evt-1\n" +
+			"would replay " + replayDLQ + " partition=0 offset=3 reason=unknown_order to=" + replayPayments + " key=evt-2\n" +
+			"dry run: would replay 2, skipped 2 ((replayed before; --again replays them) 2) from " + replayDLQ + "\n"},
+		{[]string{"--dry-run", "--again"}, "dry run: would replay 4, skipped 0 from " + replayDLQ + "\n"},
+		{[]string{"--dry-run", "--since", again.Add(time.Second).Format(time.RFC3339)}, "dry run: would replay 0, skipped 4 ((before --since) 4) from " + replayDLQ + "\n"},
+		{[]string{"--dry-run", "--again", "--since", again.Format(time.RFC3339)}, "dry run: would replay 2, skipped 2 ((before --since) 2) from " + replayDLQ + "\n"},
+		{[]string{"--dry-run", "--from-offset", "3"}, "dry run: would replay 1, skipped 0 from " + replayDLQ + "\n"},
+	} {
+		r := c.replay(append([]string{replayDLQ}, tc.args...)...)
+		if r.code != 0 || !strings.HasSuffix(r.stdout, tc.want) {
+			t.Errorf("worker replay %v: exit %d, stdout\n%s\nwant it to end with\n%s", tc.args, r.code, r.stdout, tc.want)
+		}
+	}
+	// The replay itself: the two new letters, once; a replay after it has nothing left.
+	if r := c.replay(replayDLQ); r.code != 0 || !strings.HasSuffix(r.stdout, "replayed 2, skipped 2 ((replayed before; --again replays them) 2) from "+replayDLQ+"\n") {
+		t.Errorf("second replay: exit %d, stdout %q", r.code, r.stdout)
+	}
+	if r := c.replay(replayDLQ); r.code != 0 || !strings.HasSuffix(r.stdout, "replayed 0, skipped 4 ((replayed before; --again replays them) 4) from "+replayDLQ+"\n") {
+		t.Errorf("third replay: exit %d, stdout %q", r.code, r.stdout)
+	}
+	if got := keys(c.read(replayPayments)); !slices.Equal(got, []string{"R-1", "R-1", "R-2", "R-2"}) {
+		t.Errorf("%s holds %v, want each letter put back once: R-1 and R-2 twice (each was dead-lettered twice)", replayPayments, got)
 	}
 }

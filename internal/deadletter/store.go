@@ -162,3 +162,78 @@ func (s *Store) MarkReplayed(ctx context.Context, id int64, owner string) error 
 func text(s string) string {
 	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
+
+// Place is a dead letter's place in its dead-letter topic.
+type Place struct {
+	Partition int
+	Offset    int64
+}
+
+// Identity names the dead letter l is among all: where it came from and when it failed. A place of
+// a dead-letter topic deleted and created again holds another letter, of another identity.
+func (l Letter) Identity() string {
+	return fmt.Sprintf("%s/%d/%d@%s", l.Topic, l.Partition, l.Offset, l.FailedAt.UTC().Format(time.RFC3339Nano))
+}
+
+// Replayed returns the letters of dlqTopic a replay put back (MarkTopicReplayed), by place, each with
+// its identity.
+func (s *Store) Replayed(ctx context.Context, dlqTopic string) (map[Place]string, error) {
+	rows, err := s.db.Query(ctx, `
+		SELECT dlq_partition, dlq_offset, letter FROM dead_letter_replays
+		WHERE dlq_topic = $1 AND replayed_at IS NOT NULL`, dlqTopic)
+	if err != nil {
+		return nil, fmt.Errorf("read the dead letters of %s replayed before: %w", dlqTopic, err)
+	}
+	out := map[Place]string{}
+	var p Place
+	var identity string
+	_, err = pgx.ForEachRow(rows, []any{&p.Partition, &p.Offset, &identity}, func() error {
+		out[p] = identity
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the dead letters of %s replayed before: %w", dlqTopic, err)
+	}
+	return out, nil
+}
+
+// ClaimTopicReplay claims the dead letter of identity at place of dlqTopic for the replay owner, for
+// lease, before it is put back on its topic, as ClaimReplay does a row of dead_letters: it reports
+// false when another replay holds it, or it was replayed already and again is false. A row of
+// another letter (the topic was created again) is this letter's from now on.
+func (s *Store) ClaimTopicReplay(ctx context.Context, dlqTopic string, place Place, identity, owner string,
+	lease time.Duration, again bool) (bool, error) {
+	tag, err := s.db.Exec(ctx, `
+		INSERT INTO dead_letter_replays AS r (dlq_topic, dlq_partition, dlq_offset, letter, claimed_by, claimed_until)
+		VALUES ($1, $2, $3, $4, $5, now() + $6 * interval '1 microsecond')
+		ON CONFLICT (dlq_topic, dlq_partition, dlq_offset) DO UPDATE
+		SET letter = excluded.letter, claimed_by = excluded.claimed_by, claimed_until = excluded.claimed_until,
+			replayed_at = CASE WHEN r.letter = excluded.letter THEN r.replayed_at END,
+			replays = CASE WHEN r.letter = excluded.letter THEN r.replays ELSE 0 END
+		WHERE r.letter <> excluded.letter
+			OR ((r.replayed_at IS NULL OR $7)
+				AND (r.claimed_until IS NULL OR r.claimed_until <= now() OR r.claimed_by = excluded.claimed_by))`,
+		dlqTopic, place.Partition, place.Offset, identity, owner, lease.Microseconds(), again)
+	if err != nil {
+		return false, fmt.Errorf("claim %s/%d offset %d for a replay: %w", dlqTopic, place.Partition, place.Offset, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// MarkTopicReplayed records that the dead letter at place of dlqTopic, claimed by the replay owner
+// (ClaimTopicReplay), was put back on its original topic. It returns ErrReplayClaimLost when another
+// replay has claimed it since.
+func (s *Store) MarkTopicReplayed(ctx context.Context, dlqTopic string, place Place, owner string) error {
+	tag, err := s.db.Exec(ctx, `
+		UPDATE dead_letter_replays SET replayed_at = now(), replays = replays + 1, claimed_until = NULL
+		WHERE dlq_topic = $1 AND dlq_partition = $2 AND dlq_offset = $3
+			AND claimed_by = $4 AND claimed_until IS NOT NULL`,
+		dlqTopic, place.Partition, place.Offset, owner)
+	if err != nil {
+		return fmt.Errorf("mark %s/%d offset %d replayed: %w", dlqTopic, place.Partition, place.Offset, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("mark %s/%d offset %d replayed: %w", dlqTopic, place.Partition, place.Offset, ErrReplayClaimLost)
+	}
+	return nil
+}

@@ -4,12 +4,13 @@
 // dead_letters. Each goes to the topic its dlq-original-topic header names, with its original key,
 // value and headers, partitioned by key as producers do.
 //
-// It deletes nothing (Kafka topics are append-only: replaying twice puts a message back twice; a
-// row of dead_letters is marked replayed) and does not decide whether a dead letter's cause is
-// fixed: the operator chooses the reason to replay. A row of dead_letters is put back once, even by
-// two replays at once: each claims it before the write (deadletter.Store.ClaimReplay), for a lease
-// that lapses should the replay die before it marks the row replayed, which a later replay then
-// puts back. No transaction is open across a write.
+// It deletes nothing (Kafka topics are append-only) and does not decide whether a dead letter's
+// cause is fixed: the operator chooses the reason to replay. Each dead letter is put back once, even
+// by two replays at once, unless told again (Options.Again): each claims it before the write
+// (deadletter.Store.ClaimReplay for a row of dead_letters, ClaimTopicReplay for a place of the topic)
+// for a lease that lapses should the replay die before it marks the letter replayed, which a later
+// replay then puts back. A letter put back that fails again is dead-lettered again, at a new place:
+// a new dead letter. No transaction is open across a write.
 package replay
 
 import (
@@ -43,10 +44,10 @@ const (
 	fetchMaxWait  = 500 * time.Millisecond
 	// maxDisplayed is how many bytes of a header value (an idempotency key, a reason) are printed.
 	maxDisplayed = 80
-	// storedWriteTimeout bounds the write of a row of dead_letters, which claimLease outlasts: no
-	// other replay takes the row while a write of it may still land.
-	storedWriteTimeout = time.Minute
-	claimLease         = 2 * storedWriteTimeout
+	// writeTimeout bounds the write of a dead letter, which claimLease outlasts: no other replay
+	// takes it while a write of it may still land.
+	writeTimeout = time.Minute
+	claimLease   = 2 * writeTimeout
 )
 
 // skippedClaimed labels, in the summary, the rows of dead_letters another replay took meanwhile.
@@ -60,6 +61,14 @@ type Options struct {
 	DryRun bool
 	// Limit is how many dead letters to replay at most. Defaults to 0: all.
 	Limit int
+	// Again replays the dead letters of the topic a replay put back before, too. Defaults to false:
+	// each is replayed once, and a dry run counts those replayed before.
+	Again bool
+	// Since replays only the dead letters that failed at or after it. Defaults to the zero time: all.
+	Since time.Time
+	// FromOffset replays only the topic's dead letters from this offset of each partition on (the
+	// rows of dead_letters are not in the topic: Since bounds them). Defaults to 0: all.
+	FromOffset int64
 }
 
 // Config is one replay's configuration.
@@ -93,9 +102,8 @@ func New(cfg Config) (*Replay, error) {
 		return nil, fmt.Errorf("DLQ_TOPIC: %q is not a dead-letter topic: it does not end with DLQ_SUFFIX %q",
 			cfg.DLQTopic, cfg.DLQSuffix)
 	}
-	return &Replay{cfg: cfg, state: state{dlqTopic: cfg.DLQTopic, suffix: cfg.DLQSuffix, reason: cfg.Reason,
-		limit: cfg.Limit, dryRun: cfg.DryRun, out: cfg.Out, logger: cfg.Logger, skipped: map[string]int{},
-		owner: inbox.NewHolder("worker replay")}}, nil
+	return &Replay{cfg: cfg, state: state{dlqTopic: cfg.DLQTopic, suffix: cfg.DLQSuffix, Options: cfg.Options,
+		out: cfg.Out, logger: cfg.Logger, skipped: map[string]int{}, owner: inbox.NewHolder("worker replay")}}, nil
 }
 
 // Run reads the dead letters, checks that every topic to replay to exists, and replays them (or,
@@ -123,9 +131,13 @@ func (rp *Replay) Run(ctx context.Context) error {
 	}
 	defer pool.Close()
 	r.stored = deadletter.NewStore(pool)
+	if r.before, err = r.stored.Replayed(ctx, r.dlqTopic); err != nil {
+		return tableError(err, "dead_letter_replays")
+	}
 
 	r.logger.InfoContext(ctx, "reading the dead letters", slog.String("dlq_topic", r.dlqTopic),
-		slog.String("reason", r.reason), slog.Bool("dry_run", r.dryRun), slog.Int("limit", r.limit))
+		slog.String("reason", r.Reason), slog.Bool("dry_run", r.DryRun), slog.Int("limit", r.Limit),
+		slog.Bool("again", r.Again), slog.Time("since", r.Since), slog.Int64("from_offset", r.FromOffset))
 	if err := r.read(ctx, partitions); err != nil {
 		return err
 	}
@@ -135,7 +147,7 @@ func (rp *Replay) Run(ctx context.Context) error {
 	if err := r.checkTargets(ctx); err != nil {
 		return err
 	}
-	if r.dryRun {
+	if r.DryRun {
 		for _, d := range r.letters {
 			r.printLetter("would replay", d)
 		}
@@ -152,15 +164,15 @@ func (rp *Replay) Run(ctx context.Context) error {
 type state struct {
 	dlqTopic string
 	suffix   string
-	reason   string // "" replays every reason
-	limit    int    // 0 replays every dead letter
-	dryRun   bool
-	out      io.Writer
-	logger   *slog.Logger
-	client   *kafka.Client
-	stored   *deadletter.Store
-	// owner names the replay in its claims on rows of dead_letters.
+	Options
+	out    io.Writer
+	logger *slog.Logger
+	client *kafka.Client
+	stored *deadletter.Store
+	// owner names the replay in its claims on rows of dead_letters and dead_letter_replays.
 	owner string
+	// before are the topic's dead letters a replay put back before, by place, with their identity.
+	before map[deadletter.Place]string
 
 	// letters are the dead letters to replay: the topic's in partition and offset order, then the
 	// table's in the order they were stored.
@@ -179,7 +191,9 @@ type deadLetter struct {
 	// Where it is: a partition and offset of the dead-letter topic, or a row of dead_letters.
 	partition int
 	offset    int64
-	storedID  int64 // the row's id in dead_letters; 0 for a message of the topic
+	storedID  int64  // the row's id in dead_letters; 0 for a message of the topic
+	identity  string // deadletter.Letter.Identity
+	failedAt  time.Time
 	reason    string
 	message   kafka.Message // for the original topic: key, value and headers less the dlq-* ones
 	// idempotencyKey is the key the worker will read, for the output, or keyProblem why it has none.
@@ -222,7 +236,7 @@ func (r *state) read(ctx context.Context, partitions []int) error {
 		return err
 	}
 	for _, p := range partitions {
-		if err := r.readPartition(ctx, p, first[p], end[p]); err != nil || r.limited {
+		if err := r.readPartition(ctx, p, max(first[p], r.FromOffset), end[p]); err != nil || r.limited {
 			return err
 		}
 	}
@@ -311,7 +325,7 @@ func (r *state) take(ctx context.Context, partition int, rec *kafka.Record) erro
 	}
 	letter, headers := deadletter.Read(rec.Headers)
 	d := &deadLetter{partition: partition, offset: rec.Offset, reason: string(letter.Reason),
-		message: kafka.Message{Topic: letter.Topic, Key: key, Value: value, Headers: headers, Time: letter.Produced}}
+		identity: letter.Identity(), failedAt: letter.FailedAt, message: kafka.Message{Topic: letter.Topic, Key: key, Value: value, Headers: headers, Time: letter.Produced}}
 	log := r.logger.With(slog.String("dlq_topic", r.dlqTopic), slog.Int("partition", partition),
 		slog.Int64("offset", rec.Offset), slog.String("reason", d.reason))
 	return r.keep(ctx, d, log)
@@ -325,7 +339,7 @@ func (r *state) readStored(ctx context.Context) error {
 	}
 	err := r.stored.Pending(ctx, r.dlqTopic, func(s deadletter.Stored) (bool, error) {
 		letter, headers := deadletter.Read(s.Headers)
-		d := &deadLetter{storedID: s.ID, reason: string(s.Letter.Reason),
+		d := &deadLetter{storedID: s.ID, reason: string(s.Letter.Reason), failedAt: s.Letter.FailedAt,
 			message: kafka.Message{Topic: s.Letter.Topic, Key: s.Key, Value: s.Value, Headers: headers,
 				Time: letter.Produced}}
 		log := r.logger.With(slog.String("dlq_topic", r.dlqTopic), slog.Int64("dead_letters_id", s.ID),
@@ -333,10 +347,15 @@ func (r *state) readStored(ctx context.Context) error {
 		err := r.keep(ctx, d, log)
 		return err == nil && !r.limited, err
 	})
+	return tableError(err, "dead_letters")
+}
+
+// tableError is err, or, when it says that table does not exist, what that means.
+func tableError(err error, table string) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == sqlstateUndefinedTable {
-		return errors.New("DATABASE_URL: the database has no table dead_letters: it is not the worker's, " +
-			"or not migrated (worker migrate)")
+		return fmt.Errorf("DATABASE_URL: the database has no table %s: it is not the worker's, "+
+			"or not migrated (worker migrate)", table)
 	}
 	return err
 }
@@ -344,10 +363,20 @@ func (r *state) readStored(ctx context.Context) error {
 // sqlstateUndefinedTable is Postgres's undefined_table.
 const sqlstateUndefinedTable = "42P01"
 
-// keep keeps d for replay if it matches the reason and names a topic to replay to.
+// skippedBefore labels, in the summary, the topic's dead letters a replay put back before.
+const skippedBefore = "(replayed before; --again replays them)"
+
+// keep keeps d for replay if it matches the options and names a topic to replay to.
 func (r *state) keep(ctx context.Context, d *deadLetter, log *slog.Logger) error {
-	if r.reason != "" && d.reason != r.reason {
+	switch {
+	case r.Reason != "" && d.reason != r.Reason:
 		r.skipped[displayedReason(d.reason)]++
+		return nil
+	case d.failedAt.Before(r.Since):
+		r.skipped["(before --since)"]++
+		return nil
+	case !r.Again && d.storedID == 0 && r.before[d.place()] == d.identity:
+		r.skipped[skippedBefore]++
 		return nil
 	}
 	target := d.message.Topic
@@ -370,8 +399,13 @@ func (r *state) keep(ctx context.Context, d *deadLetter, log *slog.Logger) error
 	// a phone number.
 	d.idempotencyKey, d.keyProblem, _ = idkey.Of(d.message)
 	r.letters = append(r.letters, d)
-	r.limited = r.limit > 0 && len(r.letters) >= r.limit
+	r.limited = r.Limit > 0 && len(r.letters) >= r.Limit
 	return nil
+}
+
+// place is d's place in the dead-letter topic.
+func (d *deadLetter) place() deadletter.Place {
+	return deadletter.Place{Partition: d.partition, Offset: d.offset}
 }
 
 // where names d's place, for errors: its partition and offset, or its row in dead_letters.
@@ -418,29 +452,25 @@ func (r *state) checkTargets(ctx context.Context) error {
 // skipped.
 func (r *state) write(ctx context.Context, w *kafka.Writer) error {
 	for _, d := range r.letters {
-		if d.storedID != 0 {
-			claimed, err := r.stored.ClaimReplay(ctx, d.storedID, r.owner, claimLease)
-			if err != nil {
-				return r.stop(ctx, d, "; failed at "+r.where(d), err)
-			}
-			if !claimed {
-				r.skipped[skippedClaimed]++
-				continue
-			}
+		claimed, err := r.claim(ctx, d)
+		if err != nil {
+			return r.stop(ctx, d, "; failed at "+r.where(d), err)
+		}
+		if !claimed {
+			r.skipped[skippedClaimed]++
+			continue
 		}
 		if err := r.writeOne(ctx, w, d); err != nil {
 			return r.stop(ctx, d, "; failed at "+r.where(d), fmt.Errorf("replay %s to %s: %w (%d of %d replayed "+
 				"before it; it may or may not have been written)", r.where(d), d.message.Topic, err, len(r.replayed), len(r.letters)))
 		}
 		r.replayed = append(r.replayed, d)
-		if d.storedID != 0 {
-			// Written but not marked, it would be replayed again by the next run once its claim
-			// lapses: the inbox skips a key applied before, so that does no harm, but it is reported.
-			if err := r.stored.MarkReplayed(context.WithoutCancel(ctx), d.storedID, r.owner); err != nil {
-				r.printLetter("replayed", d)
-				r.printSummary("replayed", "; failed to mark "+r.where(d)+" replayed")
-				return fmt.Errorf("%w: it was replayed, and the next replay may put it back again", err)
-			}
+		// Written but not marked, it would be replayed again by the next run once its claim lapses:
+		// the inbox skips a key applied before, so that does no harm, but it is reported.
+		if err := r.mark(context.WithoutCancel(ctx), d); err != nil {
+			r.printLetter("replayed", d)
+			r.printSummary("replayed", "; failed to mark "+r.where(d)+" replayed")
+			return fmt.Errorf("%w: it was replayed, and the next replay may put it back again", err)
 		}
 		r.printLetter("replayed", d)
 	}
@@ -448,13 +478,27 @@ func (r *state) write(ctx context.Context, w *kafka.Writer) error {
 	return nil
 }
 
-// writeOne writes d, a row of dead_letters within its claim's lease.
-func (r *state) writeOne(ctx context.Context, w *kafka.Writer, d *deadLetter) error {
+// claim claims d for this replay before it is written: its row of dead_letters, or its place in the
+// topic. It reports false when another replay holds it, or put it back meanwhile.
+func (r *state) claim(ctx context.Context, d *deadLetter) (bool, error) {
 	if d.storedID != 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, storedWriteTimeout)
-		defer cancel()
+		return r.stored.ClaimReplay(ctx, d.storedID, r.owner, claimLease)
 	}
+	return r.stored.ClaimTopicReplay(ctx, r.dlqTopic, d.place(), d.identity, r.owner, claimLease, r.Again)
+}
+
+// mark records that d, claimed and written, was replayed.
+func (r *state) mark(ctx context.Context, d *deadLetter) error {
+	if d.storedID != 0 {
+		return r.stored.MarkReplayed(ctx, d.storedID, r.owner)
+	}
+	return r.stored.MarkTopicReplayed(ctx, r.dlqTopic, d.place(), r.owner)
+}
+
+// writeOne writes d within its claim's lease.
+func (r *state) writeOne(ctx context.Context, w *kafka.Writer, d *deadLetter) error {
+	ctx, cancel := context.WithTimeout(ctx, writeTimeout)
+	defer cancel()
 	return w.WriteMessages(ctx, d.message)
 }
 
@@ -470,8 +514,14 @@ func (r *state) stop(ctx context.Context, d *deadLetter, note string, err error)
 
 func (r *state) printLetter(verb string, d *deadLetter) {
 	key := displayed(d.idempotencyKey)
-	if d.keyProblem != "" {
-		key = "(" + string(d.keyProblem) + ")"
+	switch d.keyProblem {
+	case "":
+	case inboxtype.InvalidPayload:
+		key = "(none: the value is not JSON)"
+	case inboxtype.InvalidIdempotencyKey:
+		key = "(invalid)"
+	default:
+		key = "(none)"
 	}
 	place := fmt.Sprintf("partition=%d offset=%d", d.partition, d.offset)
 	if d.storedID != 0 {
@@ -494,7 +544,7 @@ func (r *state) printSummary(verb string, note string) {
 		skipped += " (" + strings.Join(parts, ", ") + ")"
 	}
 	if r.limited {
-		note = fmt.Sprintf("; stopped at --limit %d", r.limit) + note
+		note = fmt.Sprintf("; stopped at --limit %d", r.Limit) + note
 	}
 	stored := 0
 	for _, d := range r.replayed {

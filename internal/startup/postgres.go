@@ -207,7 +207,7 @@ func poolerRefusal(msg string) bool {
 // pgxTracer routes pgx's own logs to logger without what they may carry of our data: statement
 // arguments (payloads, phone numbers) are dropped, and the password is scrubbed from errors.
 // Failed statements are logged at debug only: their callers classify and report them. Connection
-// failures are warnings.
+// failures are warnings, but for a connect cancelled (the worker stops).
 func pgxTracer(logger *slog.Logger, password string) *tracelog.TraceLog {
 	level := tracelog.LogLevelWarn
 	if logger.Enabled(context.Background(), slog.LevelDebug) {
@@ -218,8 +218,8 @@ func pgxTracer(logger *slog.Logger, password string) *tracelog.TraceLog {
 		LogLevel: level,
 		Logger: tracelog.LoggerFunc(func(ctx context.Context, l tracelog.LogLevel, msg string, data map[string]any) {
 			lvl := slog.LevelDebug
-			if msg == "Connect" && l <= tracelog.LogLevelWarn {
-				lvl = slog.LevelWarn
+			if err, _ := data["err"].(error); msg == "Connect" && l <= tracelog.LogLevelWarn && !errors.Is(err, context.Canceled) {
+				lvl = slog.LevelWarn // a connect cancelled is the worker stopping, no warning
 			}
 			attrs := []slog.Attr{slog.String("component", "pgx")}
 			for k, v := range data {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/tracelog"
 
 	"github.com/inboxworker/inboxworker/internal/pgtest"
@@ -107,5 +108,27 @@ func TestOpenPostgresGivesUpAtOnce(t *testing.T) {
 				t.Errorf("logged:\n%s", logs.String())
 			}
 		})
+	}
+}
+
+// TestPgxTracerCancelledConnect: a connect its context cancelled — the worker stopping while its pool
+// opens a connection — is no warning; it is logged at debug.
+func TestPgxTracerCancelledConnect(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	cfg, err := pgx.ParseConfig(pgtest.ServerURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Tracer = pgxTracer(logger, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if conn, err := pgx.ConnectConfig(ctx, cfg); err == nil {
+		conn.Close(context.Background())
+		t.Fatal("connected with a cancelled context")
+	}
+	if got := out.String(); got != "" {
+		t.Errorf("logged %q at info, want nothing: a cancelled connect is no warning", got)
 	}
 }
