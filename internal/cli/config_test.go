@@ -259,6 +259,7 @@ var contractDefaults = map[string]string{
 	"LOG_FORMAT":                     "json",
 	"DEV_KAFKA_ADDR":                 "127.0.0.1:9092",
 	"LOG_OUTCOMES":                   "true", // not in the contract's table: a line per applied payment
+	"OUTBOX_RELAY":                   "true", // not in the contract's table: false leaves the outbox to Debezium
 }
 
 func TestDefaults(t *testing.T) {
@@ -284,7 +285,7 @@ func TestDefaults(t *testing.T) {
 			smsInbox:           {Topic: "notifications.sms", Concurrency: 128},
 			paymentEventsInbox: {Topic: "payments.events", Concurrency: 4},
 		},
-		OutboxRetention: 24 * time.Hour, SMSProviderTimeout: 10 * time.Second,
+		OutboxRetention: 24 * time.Hour, OutboxRelay: true, SMSProviderTimeout: 10 * time.Second,
 		PaymentSignature: "off", PaymentSignatureTolerance: 5 * time.Minute,
 		PaymentStatusRateLimit: 10, ReconcileAfter: 10 * time.Minute, ReconcileMaxAge: 72 * time.Hour,
 		DLQSuffix:            ".dlq",

@@ -123,6 +123,15 @@ func (c *Config) emittedTopics() []string {
 	return []string{c.Topic(paymentEventsInbox), c.Topic(smsInbox)}
 }
 
+// relayedTopics are the topics the worker's relay publishes to: the emitted topics, none when
+// OUTBOX_RELAY is false (another relay, Debezium, publishes the outbox).
+func (c *Config) relayedTopics() []string {
+	if !c.OutboxRelay {
+		return nil
+	}
+	return c.emittedTopics()
+}
+
 // active are the rows of the routes the worker consumes (settings.Config.Consumes).
 func (c *Config) active() []routeRow {
 	var out []routeRow

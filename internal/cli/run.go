@@ -198,7 +198,7 @@ func (w *worker) workerConfig(routes []inboxworker.Route, mechanism sasl.Mechani
 		ShutdownTimeout:      drainTimeout(cfg.ShutdownTimeout),
 		LagInterval:          cfg.LagInterval,
 		CommitFailureTimeout: cfg.CommitFailureTimeout,
-		EventTopics:          cfg.emittedTopics(),
+		EventTopics:          cfg.relayedTopics(),
 		OutboxRetention:      cfg.OutboxRetention,
 		Registerer:           registerer,
 		TracerProvider:       w.tracer.Provider(),

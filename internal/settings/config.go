@@ -31,6 +31,9 @@ type Config struct {
 	// OutboxRetention is how long an event stays in the outbox table, from when it was written; an
 	// event is never purged before it is published.
 	OutboxRetention time.Duration
+	// OutboxRelay runs the worker's relay of the outbox; false leaves the outbox to another relay
+	// (Debezium), the events still written.
+	OutboxRelay bool
 
 	// PaymentSignature is how payment callbacks are verified: off or standard-webhooks, with
 	// PaymentSigningKeys, a signature made at most PaymentSignatureTolerance from its record.
@@ -245,6 +248,9 @@ var vars = []*Var{
 		Usage: "how long an event stays in the outbox table, from when it was written, before it is purged once published",
 		Bound: envflag.Durations(time.Minute, 720*time.Hour),
 		Set:   func(c *Config, v string) error { return envflag.PositiveDuration(&c.OutboxRetention, v) }},
+	{Env: "OUTBOX_RELAY", Flag: "outbox-relay", Default: "true", Use: UseWorker,
+		Usage: "publish the outbox's events with the worker's relay (false: the events are still written to the outbox table, for Debezium to relay)",
+		Set:   func(c *Config, v string) error { return envflag.Bool(&c.OutboxRelay, v) }},
 	{Env: "BATCH_SIZE", Flag: "batch-size", Default: "256", Meta: "N", Use: UseWorker,
 		Usage: "most messages of one partition applied in one transaction (1: a transaction per message)",
 		Bound: envflag.Counts(1, 10000),
