@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/segmentio/kafka-go"
+
 	"github.com/inboxworker/inboxworker/internal/pgtest"
 )
 
@@ -50,11 +52,12 @@ func TestMigrate(t *testing.T) {
 }
 
 // TestDev runs `worker dev`: its embedded broker takes messages from any Kafka client, which the
-// worker applies; SIGTERM stops both.
+// worker applies, and serves the topics of DEV_TOPICS, for a team's own binary; SIGTERM stops both.
 func TestDev(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Schema(t)
 	p := startWorker(t, []string{
+		"DEV_TOPICS=orders.created, shipments",
 		"DEV_KAFKA_ADDR=127.0.0.1:0",
 		"HTTP_ADDR=127.0.0.1:0",
 		"DATABASE_URL=" + db.URL,
@@ -80,8 +83,16 @@ func TestDev(t *testing.T) {
 			t.Errorf("worker dev logged %q about its own topics' retention: %v", msg, l)
 		}
 	}
-	if stdout, _ := p.output(); !strings.Contains(stdout, "kcat -P -b "+broker+" -t "+topicPayments) {
+	stdout, _ := p.output()
+	if !strings.Contains(stdout, "kcat -P -b "+broker+" -t "+topicPayments) {
 		t.Errorf("worker dev does not say how to produce to %s:\n%s", broker, stdout)
+	}
+	if !strings.Contains(stdout, "VALUES ('A-1',") || !strings.Contains(stdout, "orders.created, shipments") {
+		t.Errorf("worker dev does not say how to create the order its example callback pays, or which topics it serves:\n%s", stdout)
+	}
+	// A team's own topics, each with its dead-letter topic.
+	for _, topic := range []string{"orders.created", "orders.created.dlq", "shipments", "shipments.dlq"} {
+		produce(t, broker, topic, kafka.Message{Key: []byte("k"), Value: []byte(`{"event_id":"e-1"}`)})
 	}
 
 	produce(t, broker, topicSMS, sms("sms-dev", "+8613800138000"))

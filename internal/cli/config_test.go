@@ -260,6 +260,7 @@ var contractDefaults = map[string]string{
 	"DEV_KAFKA_ADDR":                 "127.0.0.1:9092",
 	"LOG_OUTCOMES":                   "true", // not in the contract's table: a line per applied payment
 	"OUTBOX_RELAY":                   "true", // not in the contract's table: false leaves the outbox to Debezium
+	"DEV_TOPICS":                     "",     // not in the contract's table: worker dev's topics of a team's own routes
 }
 
 func TestDefaults(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/inboxworker/inboxworker/internal/devbroker"
+	"github.com/inboxworker/inboxworker/internal/redact"
 	"github.com/inboxworker/inboxworker/internal/settings"
 )
 
@@ -15,7 +16,8 @@ func devCommand() *command {
 		name:    "dev",
 		summary: "run the worker against an embedded Kafka broker",
 		details: "Starts an embedded Kafka broker (the real wire protocol, in memory) on DEV_KAFKA_ADDR with\n" +
-			"the topics and their dead-letter topics created, prints how to produce to it, then runs the\n" +
+			"the topics and their dead-letter topics created (and those of DEV_TOPICS, for a binary of\n" +
+			"your own on the worker's API to consume), prints how to produce to it, then runs the\n" +
 			"worker against it until stopped. SMS are only logged unless SMS_PROVIDER_URL is set.",
 		defaults: map[string]string{"LOG_FORMAT": "text"},
 		use:      settings.UseDev,
@@ -51,7 +53,9 @@ func printHowTo(w io.Writer, addr string, cfg *Config) {
 	fmt.Fprintf(w, `Embedded Kafka broker listening on %[1]s (in memory: its messages go when the worker stops).
 Topics: %[6]s (each with its dead-letter topic, topic%[4]s), %[5]d partitions each.
 
-Produce with any Kafka client, e.g. kcat:
+Produce with any Kafka client, e.g. kcat. A payment callback pays an order the order service
+created; create one first:
+  psql '%[7]s' -c "INSERT INTO orders (order_no, user_id, amount, currency, status) VALUES ('A-1', 'u-1', 99.90, 'CNY', 'PENDING')"
   echo '{"event_id":"evt-1","order_no":"A-1","provider":"alipay","provider_txn_id":"T-1","amount":"99.90","currency":"CNY","result":"SUCCESS","paid_at":"2025-01-01T12:00:00Z"}' \
     | kcat -P -b %[1]s -t %[2]s -k A-1 -H Idempotency-Key=evt-1
   echo '{"event_id":"sms-1","phone":"+8613800138000","template":"verify_code","params":{"code":"123456"}}' \
@@ -60,5 +64,5 @@ Read the dead letters with:
   kcat -C -b %[1]s -t %[2]s%[4]s -f '%%k %%h %%s\n'
 
 `, addr, cfg.Topic(paymentsInbox), cfg.Topic(smsInbox), cfg.DLQSuffix, devbroker.Partitions,
-		strings.Join(cfg.Topics(), ", "))
+		strings.Join(cfg.devTopics(), ", "), redact.URL(cfg.DatabaseURL))
 }

@@ -103,10 +103,11 @@ const (
 	paymentEventsInbox = "payment_events"
 )
 
-// devTopics are the topics worker dev and worker demo create: those consumed and those emitted to.
+// devTopics are the topics worker dev and worker demo create: those consumed, those emitted to, and
+// those of DEV_TOPICS.
 func (c *Config) devTopics() []string {
 	out := c.Topics()
-	for _, t := range c.emittedTopics() {
+	for _, t := range append(c.emittedTopics(), c.DevTopics...) {
 		if !slices.Contains(out, t) {
 			out = append(out, t)
 		}

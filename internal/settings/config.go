@@ -92,6 +92,9 @@ type Config struct {
 	LogOutcomes bool
 
 	DevKafkaAddr string
+	// DevTopics are topics of a team's own routes that worker dev creates too, each with its
+	// dead-letter topic.
+	DevTopics []string
 
 	// Receipts consumes the optional routes (the order events, which ask for the payment-received
 	// SMS) unless turned off ("-"), whether their topics were set or not: worker dev and worker
@@ -309,6 +312,9 @@ var vars = []*Var{
 	{Env: "DEV_KAFKA_ADDR", Flag: "dev-kafka-addr", Default: "127.0.0.1:9092", Meta: "ADDR", Use: UseDev | UseDemo,
 		Usage: "where the embedded broker of worker dev and worker demo listens",
 		Set:   func(c *Config, v string) error { return envflag.Addr(&c.DevKafkaAddr, v) }},
+	{Env: "DEV_TOPICS", Flag: "dev-topics", Meta: "LIST", Use: UseDev,
+		Usage: "comma-separated topics of your own routes that worker dev creates on its embedded broker too, each with its dead-letter topic (at most 100)",
+		Set:   func(c *Config, v string) error { return parseTopicList(&c.DevTopics, v) }},
 	{Flag: "no-migrate", Default: "false", Use: UseRun,
 		Usage: "do not apply pending migrations at start",
 		Set:   func(c *Config, v string) error { return envflag.Bool(&c.NoMigrate, v) }},

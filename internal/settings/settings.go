@@ -8,6 +8,7 @@ package settings
 import (
 	"fmt"
 	neturl "net/url"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -102,6 +103,29 @@ func parseTopic(dst *string, v string) error {
 		return err
 	}
 	*dst = v
+	return nil
+}
+
+// maxDevTopics bounds DEV_TOPICS.
+const maxDevTopics = 100
+
+// parseTopicList accepts a comma-separated list of Kafka topic names, at most maxDevTopics; ""
+// is none.
+func parseTopicList(dst *[]string, v string) error {
+	var out []string
+	for t := range strings.SplitSeq(v, ",") {
+		if t = strings.TrimSpace(t); t == "" {
+			continue
+		}
+		if err := startup.CheckTopicName(t); err != nil {
+			return err
+		}
+		out = append(out, t)
+	}
+	if len(out) > maxDevTopics {
+		return fmt.Errorf("%d topics, more than %d", len(out), maxDevTopics)
+	}
+	*dst = out
 	return nil
 }
 
