@@ -62,6 +62,13 @@ func TestDemo(t *testing.T) {
 			t.Errorf("%s: summary row %q, want %q", topic, got, strings.Join(w, " "))
 		}
 	}
+	// A newcomer reads that applied counts the anomalies, and a psql line that runs as printed.
+	if !strings.Contains(summary, "Applied counts the anomalies") {
+		t.Errorf("the summary does not say that applied counts the anomalies:\n%s", summary)
+	}
+	if !strings.Contains(summary, "psql '"+pgtest.ServerURL()+"'") {
+		t.Errorf("the summary's psql line does not name the database it used:\n%s", summary)
+	}
 	// Each anomaly is logged once, when it commits, however often its batch ran.
 	for run, n := range anomalyLines {
 		if row := table["payments.callbacks"]; len(row) > 3 && fmt.Sprint(n) != row[3] {

@@ -122,7 +122,7 @@ func playDemo(ctx context.Context, a *app, cfg *Config, logger *slog.Logger, bro
 	scenario := demo.Config{Broker: brokerAddr, Partitions: devbroker.Partitions, GroupID: cfg.KafkaGroupID,
 		TopicPayments: cfg.Topic(paymentsInbox), TopicSMS: cfg.Topic(smsInbox),
 		TopicPaymentEvents: cfg.Topic(paymentEventsInbox), EventsInbox: paymentEventsInbox, DLQSuffix: cfg.DLQSuffix,
-		PaymentsInbox: paymentsInbox, Pool: pool, Metrics: w.registry, Out: a.stdout}
+		PaymentsInbox: paymentsInbox, Pool: pool, DatabaseURL: cfg.DatabaseURL, Metrics: w.registry, Out: a.stdout}
 	outcomes, err := demo.Play(ctx, scenario)
 	stopWorker()
 	if stopErr := <-stopped; err == nil {

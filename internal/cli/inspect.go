@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"log/slog"
 
 	"github.com/inboxworker/inboxworker/internal/inspect"
 	"github.com/inboxworker/inboxworker/internal/settings"
@@ -38,7 +39,7 @@ func inspectCommand() *command {
 				return errors.New("missing KEY, the idempotency key to look for (see worker inspect --help)")
 			}
 			logger := newLogger(cfg, a.stderr)
-			logStart(ctx, logger, "inspect", cfg)
+			logStartAt(ctx, logger, slog.LevelDebug, "inspect", cfg)
 			var rs []inspect.Route
 			for _, r := range cfg.routes {
 				rs = append(rs, inspect.Route{Name: r.Name, Topic: cfg.Topic(r.Name), Kind: r.inspect})

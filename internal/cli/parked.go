@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"log/slog"
 
 	"github.com/inboxworker/inboxworker/internal/parked"
 	"github.com/inboxworker/inboxworker/internal/settings"
@@ -47,7 +48,7 @@ func runParked(ctx context.Context, a *app, cfg *Config, args []string) error {
 		return err
 	}
 	logger := newLogger(cfg, a.stderr)
-	logStart(ctx, logger, "parked "+verb, cfg)
+	logStartAt(ctx, logger, slog.LevelDebug, "parked "+verb, cfg)
 	return parked.Run(ctx, parked.Config{Verb: verb, Args: rest, DLQSuffix: cfg.DLQSuffix, RetryBudget: cfg.RetryMaxElapsed,
 		Postgres: postgres(cfg, logger, ""), Kafka: kafkaOf(cfg, logger), Out: a.stdout, Logger: logger})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -76,7 +77,7 @@ func runReplay(ctx context.Context, a *app, cfg *Config, args []string, opts rep
 	if err != nil {
 		return err
 	}
-	logStart(ctx, logger, "replay", cfg)
+	logStartAt(ctx, logger, slog.LevelDebug, "replay", cfg)
 	return r.Run(ctx)
 }
 

@@ -778,8 +778,14 @@ func TestReplayTwice(t *testing.T) {
 	c.deadLetter(replayDLQ,
 		failedAt(dead(callback("evt-1", "R-1"), "unknown_order", replayPayments), first),
 		failedAt(dead(callback("evt-2", "R-2"), "unknown_order", replayPayments), first))
-	if r := c.replay(replayDLQ); r.code != 0 || !strings.HasSuffix(r.stdout, "replayed 2, skipped 0 from "+replayDLQ+"\n") {
+	r := c.replay(replayDLQ)
+	if r.code != 0 || !strings.HasSuffix(r.stdout, "replayed 2, skipped 0 from "+replayDLQ+"\n") {
 		t.Fatalf("first replay: exit %d, stdout %q", r.code, r.stdout)
+	}
+	// A command a person runs at a terminal says what it does on stdout; its configuration, at
+	// debug, is not in the way.
+	if strings.Contains(r.stderr, "msg=starting") {
+		t.Errorf("worker replay logged its starting line at info:\n%s", r.stderr)
 	}
 	// The worker takes them again and they fail again: two new dead letters, at offsets 2 and 3.
 	again := first.Add(time.Hour)

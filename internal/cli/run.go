@@ -48,7 +48,13 @@ func runCommand() *command {
 
 // logStart writes the startup line: the command and its effective configuration, secrets masked.
 func logStart(ctx context.Context, logger *slog.Logger, command string, cfg *Config) {
-	logger.LogAttrs(ctx, slog.LevelInfo, "starting", slog.String("command", command),
+	logStartAt(ctx, logger, slog.LevelInfo, command, cfg)
+}
+
+// logStartAt is logStart at level: debug for a one-shot command (inspect, parked, replay), run by a
+// person at a terminal, whose output is what it prints.
+func logStartAt(ctx context.Context, logger *slog.Logger, level slog.Level, command string, cfg *Config) {
+	logger.LogAttrs(ctx, level, "starting", slog.String("command", command),
 		slog.Attr{Key: "config", Value: slog.GroupValue(cfg.StartupAttrs()...)})
 }
 
@@ -247,7 +253,7 @@ func smsSender(cfg *Config, logger *slog.Logger, tracer *tracing.Tracer) (notify
 		return nil, se
 	case sender == nil:
 		logger.Warn("SMS_PROVIDER_URL is unset: SMS are written to the log, not sent")
-		return notify.NewLogSender(logger), nil
+		return notify.NewLogSender(), nil
 	}
 	return sender, nil
 }

@@ -27,6 +27,7 @@ import (
 
 	"github.com/inboxworker/inboxworker/internal/deadletter"
 	"github.com/inboxworker/inboxworker/internal/payment"
+	"github.com/inboxworker/inboxworker/internal/redact"
 )
 
 // Schema holds the demo's tables and orders. It is dropped and recreated on every run.
@@ -67,6 +68,8 @@ type Config struct {
 	PaymentsInbox string
 	// Pool is a pool on Schema, migrated. Required.
 	Pool *pgxpool.Pool
+	// DatabaseURL is where Pool connects, for the hint at the end (its password masked).
+	DatabaseURL string
 	// Metrics is the worker's registry: the scenario waits for its retries and checks its counts.
 	Metrics prometheus.Gatherer
 	// Out receives what a person reads. Required.
@@ -640,7 +643,9 @@ func (s *summary) print(cfg Config) {
 			fmt.Sprint(s.received[t] - s.applied[t] - dead), anomalies, fmt.Sprint(dead), sent})
 	}
 	printTable(w, rows)
-	fmt.Fprintf(w, "\nAnomalies (refunds to review): %s\n", countList(s.anomalies))
+	fmt.Fprintln(w, "\nApplied counts the anomalies: a callback on a cancelled or already paid order is applied by")
+	fmt.Fprintln(w, "recording its anomaly (a refund to review), never by changing the order.")
+	fmt.Fprintf(w, "Anomalies (refunds to review): %s\n", countList(s.anomalies))
 	for _, t := range cfg.topics() {
 		fmt.Fprintf(w, "Dead letters in %s: %s\n", t+cfg.DLQSuffix, countList(s.deadLettered[t]))
 	}
@@ -672,7 +677,7 @@ func (s *summary) print(cfg Config) {
 	}
 	fmt.Fprintf(w, "Orders: %s\n", strings.Join(orders, ", "))
 	fmt.Fprintf(w, "\nThe tables are kept in schema %s until the next run, e.g.:\n"+
-		"  psql \"$DATABASE_URL\" -c 'SET search_path = %s' -c 'SELECT * FROM payment_anomalies'\n", Schema, Schema)
+		"  psql '%s' -c 'SET search_path = %s' -c 'SELECT * FROM payment_anomalies'\n", Schema, redact.URL(cfg.DatabaseURL), Schema)
 }
 
 // printTable prints rows in columns: the first left-aligned, the others right-aligned.

@@ -30,7 +30,7 @@ func BenchmarkSend(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			h, err := notify.NewHandler(notify.Config{Sender: notify.NewLogSender(slog.New(slog.DiscardHandler)),
+			h, err := notify.NewHandler(notify.Config{Sender: notify.NewLogSender(),
 				RecipientLimits: limits, Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				b.Fatal(err)

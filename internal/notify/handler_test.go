@@ -488,12 +488,14 @@ func TestHandleAmbiguousID(t *testing.T) {
 }
 
 // TestHandleMasksPhoneLikeID: a provider whose message id is a phone number (the recipient's, or
-// another) has it stored whole, and logged masked, as every number is.
+// another) has it stored whole, and logged masked, as every number is; an id of a hash is logged
+// whole.
 func TestHandleMasksPhoneLikeID(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct{ id, logged string }{
 		{"+8613800138000", "provider_message_id=+86138****8000"},
-		{"sms-8613800138000", "provider_message_id=sms-[number]"},
+		{"sms-8613800138000", "provider_message_id=sms-86138****8000"},
+		{"log-17333563ad1ca5ad", "provider_message_id=log-17333563ad1ca5ad"},
 		{"+8613900139000", "provider_message_id=+[number]"},
 		{"m-123456", "provider_message_id=m-123456"},
 	} {
@@ -517,7 +519,7 @@ func TestHandleMasksPhoneLikeID(t *testing.T) {
 func TestLogSender(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	h := e.newHandler(t, notify.NewLogSender(e.logger))
+	h := e.newHandler(t, notify.NewLogSender())
 	for _, key := range []string{"k1", "k2"} {
 		if outcome, err := e.process(t, h, key, testEvent, 1); err != nil || outcome != inbox.Applied {
 			t.Fatalf("Process = %q, %v; want applied", outcome, err)
@@ -528,7 +530,7 @@ func TestLogSender(t *testing.T) {
 	if n1 == nil || n2 == nil || !strings.HasPrefix(*n1.providerMessageID, "log-") || *n1.providerMessageID == *n2.providerMessageID {
 		t.Fatalf("notifications %+v, %+v; want two distinct log- ids", n1, n2)
 	}
-	again, err := notify.NewLogSender(e.logger).Send(context.Background(), notify.SMS{Key: "k1", To: testPhone, Template: "t"})
+	again, err := notify.NewLogSender().Send(context.Background(), notify.SMS{Key: "k1", To: testPhone, Template: "t"})
 	if err != nil || again != *n1.providerMessageID {
 		t.Fatalf("Send k1 again = %q, %v; want %q", again, err, *n1.providerMessageID)
 	}

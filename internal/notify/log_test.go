@@ -13,7 +13,7 @@ import (
 func TestLogSenderOneLinePerSMS(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	h := e.newHandler(t, notify.NewLogSender(e.logger))
+	h := e.newHandler(t, notify.NewLogSender())
 	keys := []string{"k1", "k2", "k3"}
 	for _, key := range keys {
 		if outcome, err := e.process(t, h, key, testEvent, 1); err != nil || outcome != inbox.Applied {

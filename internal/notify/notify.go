@@ -243,10 +243,10 @@ func (h *Handler) Call(ctx context.Context, d inboxworker.Delivery) (inboxworker
 		// and is rolled back and done again alone: a line for what is recorded, once. A send whose
 		// record does not commit is sent again, with the same key, and logged then.
 		inboxworker.AfterCommit(ctx, func(ctx context.Context) {
-			// The id is stored whole; logged, its numbers are masked: a provider may use the
-			// recipient's number, or another, as its message id.
+			// The id is stored whole; logged, a phone number in it is masked: a provider may use
+			// the recipient's number, or another, as its message id.
 			h.logger.InfoContext(ctx, "sms accepted by the provider", slog.Any("sms", sms),
-				slog.String("provider_message_id", maskNumbersFor(id, sms.To)), slog.Int("attempt", d.Attempt))
+				slog.String("provider_message_id", maskMessageID(id, sms.To)), slog.Int("attempt", d.Attempt))
 		})
 		return nil
 	}, nil

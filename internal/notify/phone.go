@@ -101,3 +101,49 @@ func maskNumbersFor(text, to string) string {
 	}
 	return text
 }
+
+// maxPhoneDigits is the most digits of a phone number (E.164).
+const maxPhoneDigits = 15
+
+// maskMessageID is a provider's message id as a log shows it: each word of it (a run of letters and
+// digits) that is all digits, 7 to 15 of them, is a phone number, masked — the recipient's shown as
+// MaskPhone shows it (its '+' the id's), any other as [number]. A word mixing letters and digits (a hash:
+// log-17333563ad1ca5ad) or of more digits than a phone number has (a counter: 900619746936498440^0)
+// stays whole: an id is quoted to the provider's support.
+func maskMessageID(id, to string) string {
+	var b strings.Builder
+	written, start := 0, -1
+	allDigits := true
+	for i, r := range id + " " { // the space ends the last word
+		if unicode.IsLetter(r) || unicode.IsNumber(r) {
+			if start < 0 {
+				start, allDigits = i, true
+			}
+			allDigits = allDigits && r >= '0' && r <= '9'
+			continue
+		}
+		if start < 0 {
+			continue
+		}
+		word := id[start:i]
+		if allDigits && len(word) >= minMaskedDigits && len(word) <= maxPhoneDigits {
+			from := start
+			if from > 0 && id[from-1] == '+' {
+				from-- // the number's own '+'
+			}
+			b.WriteString(id[written:from])
+			if national := strings.TrimPrefix(word, "0"); strings.HasSuffix(strings.TrimPrefix(to, "+"), national) {
+				b.WriteString(id[from:start] + strings.TrimPrefix(MaskPhone(to), "+"))
+			} else {
+				b.WriteString(id[from:start] + "[number]")
+			}
+			written = i
+		}
+		start = -1
+	}
+	if written == 0 {
+		return id
+	}
+	b.WriteString(id[written:])
+	return b.String()
+}

@@ -287,7 +287,7 @@ func TestRecipientCountsForgotten(t *testing.T) {
 
 func TestNewHandlerLimits(t *testing.T) {
 	t.Parallel()
-	sender := notify.NewLogSender(nil)
+	sender := notify.NewLogSender()
 	for _, tt := range []struct {
 		config notify.Config
 		want   string
