@@ -50,7 +50,7 @@ const (
 	claimLease   = 2 * writeTimeout
 )
 
-// skippedClaimed labels, in the summary, the rows of dead_letters another replay took meanwhile.
+// skippedClaimed labels, in the summary, the dead letters another replay took meanwhile.
 const skippedClaimed = "(taken by another replay)"
 
 // Options are what the operator chooses for one replay.
