@@ -821,3 +821,25 @@ func TestReplayTwice(t *testing.T) {
 		t.Errorf("%s holds %v, want each letter put back once: R-1 and R-2 twice (each was dead-lettered twice)", replayPayments, got)
 	}
 }
+
+// TestReplayTopicCreatedAgain: a dead-letter topic deleted and created again starts its offsets over;
+// the letter now at a place a replay marked is another letter, and is offered, not skipped.
+func TestReplayTopicCreatedAgain(t *testing.T) {
+	t.Parallel()
+	c := setupReplay(t)
+	// What a replay marked at offset 0 of the topic as it was before.
+	if _, err := c.db.Pool.Exec(context.Background(), `INSERT INTO dead_letter_replays
+		(dlq_topic, dlq_partition, dlq_offset, letter, claimed_by, replayed_at, replays)
+		VALUES ($1, 0, 0, 'payments.callbacks/0/7@2026-01-01T00:00:00Z', 'worker replay on old-host', now(), 1)`,
+		replayDLQ); err != nil {
+		t.Fatal(err)
+	}
+	c.deadLetter(replayDLQ, dead(callback("evt-n1", "N-1"), "unknown_order", replayPayments))
+	r := c.replay(replayDLQ)
+	if r.code != 0 || !strings.HasSuffix(r.stdout, "replayed 1, skipped 0 from "+replayDLQ+"\n") {
+		t.Errorf("exit %d, stdout %q: want the new letter at offset 0 replayed", r.code, r.stdout)
+	}
+	if r := c.replay(replayDLQ); !strings.HasSuffix(r.stdout, "replayed 0, skipped 1 ((replayed before; --again replays them) 1) from "+replayDLQ+"\n") {
+		t.Errorf("a replay after it: stdout %q, want the new letter skipped as replayed", r.stdout)
+	}
+}

@@ -131,8 +131,10 @@ func (rp *Replay) Run(ctx context.Context) error {
 	}
 	defer pool.Close()
 	r.stored = deadletter.NewStore(pool)
-	if r.before, err = r.stored.Replayed(ctx, r.dlqTopic); err != nil {
-		return tableError(err, "dead_letter_replays")
+	if !r.Again { // --again replays them all: what was replayed before is not asked
+		if r.before, err = r.stored.Replayed(ctx, r.dlqTopic); err != nil {
+			return tableError(err, "dead_letter_replays")
+		}
 	}
 
 	r.logger.InfoContext(ctx, "reading the dead letters", slog.String("dlq_topic", r.dlqTopic),
