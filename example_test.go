@@ -275,7 +275,7 @@ func ExampleEmit() {
 
 	var events int
 	var id, eventType, payload string
-	if err := env.pool.QueryRow(context.Background(), `SELECT count(*) OVER (), id::text, type, payload::text FROM outbox`).
+	if err := env.pool.QueryRow(context.Background(), `SELECT count(*) OVER (), id::text, type, payload::text FROM outbox_events`).
 		Scan(&events, &id, &eventType, &payload); err != nil {
 		log.Fatal(err)
 	}

@@ -10,12 +10,13 @@ import (
 
 // Emit writes e to the outbox through tx, the transaction of the handler's effect: the event is
 // published if and only if the effect commits, at least once, a resend carrying the same id. The
-// worker's relay (Config.EventTopics) publishes it, or Debezium's outbox event router may: the
-// table has its shape.
+// worker's relay (Config.EventTopics) publishes it; a worker without EventTopics writes it as a row
+// of the table outbox, in the shape Debezium's outbox event router relays.
 func Emit(ctx context.Context, tx pgx.Tx, e Event) error { return outbox.Emit(ctx, tx, e) }
 
 // EmitBatch is Emit for several events, in one round trip: for a BatchHandler, the events of its
-// batch.
+// batch, which the worker's relay stores as one row. An event whose id an earlier one of events has
+// is left out.
 func EmitBatch(ctx context.Context, tx pgx.Tx, events []Event) error {
 	return outbox.EmitBatch(ctx, tx, events)
 }

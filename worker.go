@@ -78,7 +78,8 @@ type Config struct {
 	// EventTopics are the topics the handlers emit events to (Emit): when set, the worker runs the
 	// outbox's relay, which publishes the committed events — one instance of the group at a time,
 	// under a lease in Postgres. None may be a route's dead-letter topic. Leave it empty when
-	// Debezium relays the outbox table.
+	// Debezium relays the outbox: the handlers' events are then written a row each to the table
+	// outbox, the shape of its outbox event router.
 	EventTopics []string
 	// OutboxRetention is how long an event stays in the outbox table, from when it was written; an
 	// event is never purged before it is published. Defaults to 24h.
@@ -263,6 +264,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	defer background.Wait()
 	defer stopPurge()
+	if w.relay == nil {
+		ctx = outbox.WithEventRows(ctx) // for Debezium's router, which relays a row per event
+	}
 	return w.consumer.Run(ctx)
 }
 

@@ -117,8 +117,8 @@ func TestDemo(t *testing.T) {
 	}
 	var events, receipts int
 	err = conn.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM inboxworker_demo.outbox o WHERE aggregateid = 'DEMO-1001' AND type = 'order.paid'
-			AND NOT EXISTS (SELECT FROM inboxworker_demo.outbox_waiting w WHERE w.position = o.position)),
+		(SELECT count(*) FROM inboxworker_demo.outbox_events o WHERE aggregateid = 'DEMO-1001' AND type = 'order.paid'
+			AND NOT EXISTS (SELECT FROM inboxworker_demo.outbox_waiting w WHERE w.position = o.position AND w.ordinal = o.ordinal)),
 		(SELECT count(*) FROM inboxworker_demo.notifications WHERE template = 'payment_received')`).Scan(&events, &receipts)
 	if err != nil || events != 1 || receipts != 1 {
 		t.Errorf("the database has %d order.paid events of DEMO-1001 published and %d payment_received SMS (%v), want 1 and 1",

@@ -84,7 +84,7 @@ func testOutboxCrash(t *testing.T, db *pgtest.DB, databaseURL string) {
 	}
 	published := func() int {
 		var n int
-		_ = db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox) - (SELECT count(*) FROM outbox_waiting)`).Scan(&n)
+		_ = db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox_events) - (SELECT count(*) FROM outbox_waiting)`).Scan(&n)
 		return n
 	}
 	chunk := len(msgs) / 3
@@ -184,7 +184,7 @@ func testOutboxCrash(t *testing.T, db *pgtest.DB, databaseURL string) {
 	t.Logf("%d events on the topic, %d distinct: %d published again after the kills, with their ids",
 		total, distinct, total-distinct)
 	var rows int
-	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&rows); err != nil || rows != distinct {
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox_events`).Scan(&rows); err != nil || rows != distinct {
 		t.Errorf("%d rows in the outbox (%v), %d distinct events on the topic", rows, err, distinct)
 	}
 

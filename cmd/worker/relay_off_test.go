@@ -44,7 +44,7 @@ func TestOutboxRelayOff(t *testing.T) {
 	}
 
 	var events, leases int
-	if err := db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox WHERE aggregateid = 'D-1'),
+	if err := db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox_events WHERE aggregateid = 'D-1'),
 		(SELECT count(*) FROM outbox_relay_lease)`).Scan(&events, &leases); err != nil {
 		t.Fatal(err)
 	}

@@ -156,7 +156,7 @@ func settled(ctx context.Context, client *kafka.Client, cfg Config) (bool, error
 
 // outboxCounts returns how many events the outbox holds, and how many of them wait.
 func outboxCounts(ctx context.Context, pool *pgxpool.Pool) (total, waiting int, err error) {
-	err = pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox), (SELECT count(*) FROM outbox_waiting)`).
+	err = pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox_events), (SELECT count(*) FROM outbox_waiting)`).
 		Scan(&total, &waiting)
 	return total, waiting, err
 }

@@ -38,7 +38,7 @@ func (r *Relay) acquire(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("outbox relay: take the lease: %w", inbox.Classify(err))
 	}
 	r.epoch, r.renewed = epoch, start
-	r.cursor, r.marked, r.ahead = cursor, cursor, map[int64]bool{}
+	r.cursor, r.marked, r.ahead = cursor, cursor, map[event]bool{}
 	r.horizon.reset(cursor)
 	r.setHolding(true)
 	attrs := []any{slog.Int64("epoch", epoch), slog.String("holder", r.holder)}
@@ -55,23 +55,40 @@ UPDATE outbox_relay_lease SET renewed_at = now(), expires_at = now() + $3 * inte
 WHERE name = 'relay' AND holder = $1 AND epoch = $2 AND expires_at > now()`
 
 // fetchSQL reads the events after the cursor $3 up to the horizon $4, oldest first, if holder's
-// lease of epoch is live.
+// lease of epoch is live: the events of whole rows of outbox_batches, as many rows as start before
+// the $5th event.
 const fetchSQL = `
-SELECT position, id::text, topic, aggregateid, payload::text, tracingspancontext
-FROM outbox
-WHERE position > $3 AND position <= $4
-  AND EXISTS (SELECT FROM outbox_relay_lease WHERE name = 'relay' AND holder = $1 AND epoch = $2 AND expires_at > now())
-ORDER BY position
-LIMIT $5`
+SELECT b.position, e.ordinal::int4, cardinality(b.ids)::int4, e.id::text, e.topic, e.aggregateid, e.payload,
+       b.tracingspancontext
+FROM (
+	SELECT l.*, sum(cardinality(l.ids)) OVER (ORDER BY l.position) - cardinality(l.ids) AS before
+	FROM (
+		SELECT * FROM outbox_batches
+		WHERE position > $3 AND position <= $4
+		  AND EXISTS (SELECT FROM outbox_relay_lease WHERE name = 'relay' AND holder = $1 AND epoch = $2 AND expires_at > now())
+		ORDER BY position
+		LIMIT $5
+	) AS l
+) AS b,
+	unnest(b.ids, b.topics, b.aggregateids, b.payloads) WITH ORDINALITY AS e(id, topic, aggregateid, payload, ordinal)
+WHERE b.before < $5
+ORDER BY b.position, e.ordinal`
 
 // row is an event as the relay reads it.
 type row struct {
-	position    int64
+	event       event
+	of          int32 // events of its emission: the last has event.ordinal == of
 	id          string
 	topic       string
 	aggregateID string
 	payload     []byte
 	trace       *string
+}
+
+// event is where an event is in the outbox: its emission's position, and its ordinal (from 1) in it.
+type event struct {
+	position int64
+	ordinal  int32
 }
 
 // batch is what a round read: the events after the cursor, in position order.
@@ -99,11 +116,12 @@ func (r *Relay) fetch(ctx context.Context) (batch, error) {
 	size, n := 0, 0
 	for rows.Next() {
 		var e row
-		if err := rows.Scan(&e.position, &e.id, &e.topic, &e.aggregateID, &e.payload, &e.trace); err != nil {
+		if err := rows.Scan(&e.event.position, &e.event.ordinal, &e.of, &e.id, &e.topic, &e.aggregateID, &e.payload,
+			&e.trace); err != nil {
 			return batch{}, fmt.Errorf("outbox relay: read events: %w", err)
 		}
 		n++
-		if !r.ahead[e.position] {
+		if !r.ahead[e.event] {
 			if size += messageBytes(e); size > maxBatchBytes && len(b.rows) > 0 {
 				b.complete = false
 				break // the rest in the next round, after these

@@ -91,8 +91,8 @@ type Stats struct {
 // statsSQL reads the outbox's state: the waiting events (those after the lease's cursor, through
 // the position index), the oldest of them, and the last time the cursor moved.
 const statsSQL = `
-SELECT (SELECT count(*) FROM outbox WHERE position > c.at),
-       coalesce((SELECT extract(epoch FROM now() - created_at) FROM outbox WHERE position > c.at
+SELECT (SELECT coalesce(sum(cardinality(ids)), 0) FROM outbox_batches WHERE position > c.at),
+       coalesce((SELECT extract(epoch FROM now() - created_at) FROM outbox_batches WHERE position > c.at
                  ORDER BY position LIMIT 1), 0)::float8,
        (SELECT extract(epoch FROM now() - published_at) FROM outbox_relay_lease WHERE name = 'relay')::float8
 FROM (SELECT coalesce((SELECT published_position FROM outbox_relay_lease WHERE name = 'relay'), 0) AS at) AS c`

@@ -5,12 +5,16 @@
 //
 // An event's id is derived from what caused it (EventID: a UUIDv5 of its type and its cause, such as
 // a payment provider's transaction), never drawn at random: the same event emitted again — by a
-// batch rolled back and run again, by a redelivery whose inbox key has expired — has the same id,
-// and is not written twice. The relay sends the id as the Kafka header Idempotency-Key, so a
-// consumer downstream (inboxworker itself) applies each event once.
+// redelivery whose inbox key has expired, by a relay publishing again after a crash — has the same
+// id. The relay sends the id as the Kafka header Idempotency-Key, so a consumer downstream
+// (inboxworker itself) applies each event once.
 //
-// The table has the shape of Debezium's outbox event router (id, aggregatetype, aggregateid, type,
-// payload, tracingspancontext), so that a Debezium connector can relay it instead of Relay.
+// An emission (an Emit or EmitBatch) is one row of the table outbox_batches, its events as arrays
+// in their order: one tuple and one index entry however many events it holds, which is what makes
+// emitting cheap. A worker that runs no relay of its own writes a row per event into the table
+// outbox instead (WithEventRows), the shape of Debezium's outbox event router (id, aggregatetype,
+// aggregateid, type, payload, tracingspancontext), for a Debezium connector to relay. The view
+// outbox_events shows the events of both, a row each.
 //
 // Commit order per aggregate comes from locks, not from counters: an emitter holds, until its
 // transaction ends, its outbox's emitter lock (shared) and each of its aggregates' locks
@@ -77,8 +81,9 @@ func eventUUID(eventType, cause string) uuid.UUID {
 }
 
 // Emit writes e to the outbox through tx, the transaction of the handler's effect: the event is
-// published if and only if tx commits. An event whose id is already in the outbox (the same type and
-// cause, emitted before) is not written again. The trace context of ctx, if any, goes with the event
+// published if and only if tx commits. Emit writes what it is given: the inbox, which commits an
+// effect once per message, keeps an event from being emitted twice, and an event emitted again all
+// the same (the same type and cause) has the same id. The trace context of ctx, if any, goes with the event
 // (the W3C traceparent, through OpenTelemetry's global propagator).
 //
 // Emit's errors are an invalid event's (a handler's bug) or Postgres's, which the inbox classifies
@@ -87,8 +92,9 @@ func Emit(ctx context.Context, tx pgx.Tx, e Event) error {
 	return EmitBatch(ctx, tx, []Event{e})
 }
 
-// EmitBatch is Emit for several events, in one round trip: for a batch handler, the events of its
-// whole batch. Events of one aggregate are ordered as they are in events.
+// EmitBatch is Emit for several events, in one round trip and one row: for a batch handler, the
+// events of its whole batch. Events of one aggregate are ordered as they are in events; an event
+// whose id an earlier one of events has is left out.
 func EmitBatch(ctx context.Context, tx pgx.Tx, events []Event) error {
 	if len(events) == 0 {
 		return nil
@@ -104,8 +110,13 @@ func EmitBatch(ctx context.Context, tx pgx.Tx, events []Event) error {
 	} else {
 		b.Queue(lockExclusiveSQL)
 	}
-	b.Queue(emitSQL, rows.ids, rows.topics, rows.aggregateTypes, rows.aggregateIDs, rows.types, rows.payloads,
-		rows.traces)
+	if eventRows(ctx) {
+		b.Queue(emitRowsSQL, rows.ids, rows.topics, rows.aggregateTypes, rows.aggregateIDs, rows.types, rows.payloads,
+			rows.trace)
+	} else {
+		b.Queue(emitSQL, rows.ids, rows.topics, rows.aggregateTypes, rows.aggregateIDs, rows.types, rows.payloads,
+			rows.trace)
+	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("outbox: emit %d events: %w", len(events), err)
 	}
@@ -136,15 +147,37 @@ SELECT count(pg_advisory_xact_lock(k)) FROM (
 ) AS l`
 )
 
-// emitSQL writes a set of events in their order, each given the next position; an event whose id
-// is already in the outbox is not written again.
+// emitSQL writes an emission's events as one row of outbox_batches, at the next position: the
+// layout the worker's relay reads.
 const emitSQL = `
+INSERT INTO outbox_batches (ids, topics, aggregatetypes, aggregateids, types, payloads, tracingspancontext)
+VALUES ($1, $2, $3, $4, $5, $6, $7)`
+
+// emitRowsSQL writes an emission's events as rows of outbox, each at the next position, in their
+// order: the layout of Debezium's outbox event router, for a worker that runs no relay (see
+// WithEventRows). An event whose id is in the table already is not written again.
+const emitRowsSQL = `
 INSERT INTO outbox (id, topic, aggregatetype, aggregateid, type, payload, tracingspancontext)
-SELECT id, topic, aggregatetype, aggregateid, type, payload::json, tracingspancontext
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
-	WITH ORDINALITY AS i(id, topic, aggregatetype, aggregateid, type, payload, tracingspancontext, ord)
+SELECT id, topic, aggregatetype, aggregateid, type, payload::json, $7
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+	WITH ORDINALITY AS i(id, topic, aggregatetype, aggregateid, type, payload, ord)
 ORDER BY ord
 ON CONFLICT (id) DO NOTHING`
+
+// WithEventRows returns ctx telling Emit and EmitBatch to write a row of the table outbox per event,
+// the shape Debezium's outbox event router relays, rather than a row of outbox_batches per emission,
+// which the worker's relay reads. A worker that runs no relay of its own gives its handlers such a
+// context.
+func WithEventRows(ctx context.Context) context.Context {
+	return context.WithValue(ctx, eventRowsKey{}, true)
+}
+
+type eventRowsKey struct{}
+
+func eventRows(ctx context.Context) bool {
+	v, _ := ctx.Value(eventRowsKey{}).(bool)
+	return v
+}
 
 // rows are events as the columns of emitSQL. The ids are pgtype.UUIDs, whose Go type names their
 // Postgres type: pgx sends them in binary whatever the connection's default_query_exec_mode, where
@@ -152,22 +185,30 @@ ON CONFLICT (id) DO NOTHING`
 type rows struct {
 	ids                                                   []pgtype.UUID
 	topics, aggregateTypes, aggregateIDs, types, payloads []string
-	traces                                                []*string
+	trace                                                 *string // the emitter's, for every event
 }
 
+// newRows checks events and returns them as columns, each id once: an event whose id an earlier
+// event of events has (the same type and cause) is left out.
 func newRows(events []Event, trace *string) (*rows, error) {
 	n := len(events)
-	r := &rows{ids: make([]pgtype.UUID, n), topics: make([]string, n), aggregateTypes: make([]string, n),
-		aggregateIDs: make([]string, n), types: make([]string, n), payloads: make([]string, n),
-		traces: make([]*string, n)}
+	r := &rows{ids: make([]pgtype.UUID, 0, n), topics: make([]string, 0, n), aggregateTypes: make([]string, 0, n),
+		aggregateIDs: make([]string, 0, n), types: make([]string, 0, n), payloads: make([]string, 0, n), trace: trace}
+	seen := make(map[uuid.UUID]bool, n)
 	for i, e := range events {
 		payload, err := checkEvent(e)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: event %d of %d: %w", i+1, n, err)
 		}
-		r.ids[i] = pgtype.UUID{Bytes: eventUUID(e.Type, e.Cause), Valid: true}
-		r.topics[i], r.aggregateTypes[i], r.aggregateIDs[i] = e.Topic, e.AggregateType, e.AggregateID
-		r.types[i], r.payloads[i], r.traces[i] = e.Type, string(payload), trace
+		id := eventUUID(e.Type, e.Cause)
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		r.ids = append(r.ids, pgtype.UUID{Bytes: id, Valid: true})
+		r.topics, r.aggregateTypes = append(r.topics, e.Topic), append(r.aggregateTypes, e.AggregateType)
+		r.aggregateIDs, r.types = append(r.aggregateIDs, e.AggregateID), append(r.types, e.Type)
+		r.payloads = append(r.payloads, string(payload))
 	}
 	return r, nil
 }

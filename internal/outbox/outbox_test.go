@@ -48,7 +48,8 @@ func TestEmit(t *testing.T) {
 	e := orderEvent("A-1", 1)
 	e.Payload = json.RawMessage(`{"order_no":"A-1", "n":1}`)
 	// Emitted, then emitted again (the same cause) with other events around it in a later
-	// transaction: written once.
+	// transaction: written again, with its id. The inbox, not the outbox, keeps an effect that
+	// emits from committing twice; the id lets a consumer recognise the resend.
 	if err := inbox.WithTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		return outbox.Emit(ctx, tx, e)
 	}); err != nil {
@@ -73,7 +74,7 @@ func TestEmit(t *testing.T) {
 	rows, _ := db.Pool.Query(ctx, `
 		SELECT o.id::text, o.aggregatetype, o.aggregateid, o.type, o.payload::text, o.topic, o.tracingspancontext,
 			w.id IS NOT NULL
-		FROM outbox o LEFT JOIN outbox_waiting w USING (position) ORDER BY o.position`)
+		FROM outbox_events o LEFT JOIN outbox_waiting w USING (position, ordinal) ORDER BY o.position, o.ordinal`)
 	type stored struct {
 		id, aggregateType, aggregateID, typ, payload, topic string
 		trace                                               *string
@@ -90,8 +91,8 @@ func TestEmit(t *testing.T) {
 	want := []stored{
 		{id: eventID(e), aggregateType: "order", aggregateID: "A-1", typ: "order.test", payload: `{"order_no":"A-1", "n":1}`, topic: topic, waiting: true},
 		{id: eventID(orderEvent("A-1", 2)), aggregateType: "order", aggregateID: "A-1", typ: "order.test", payload: `{"n":2,"order_no":"A-1"}`, topic: topic, waiting: true},
+		{id: eventID(e), aggregateType: "order", aggregateID: "A-1", typ: "order.test", payload: `{"order_no":"A-1", "n":1}`, topic: topic, waiting: true},
 		{id: eventID(orderEvent("B-1", 1)), aggregateType: "order", aggregateID: "B-1", typ: "order.test", payload: `{"n":1,"order_no":"B-1"}`, topic: topic, waiting: true},
-		// The event emitted again was not written: its position is a gap.
 		{id: eventID(orderEvent("A-1", 3)), aggregateType: "order", aggregateID: "A-1", typ: "order.test", payload: `{"n":3,"order_no":"A-1"}`, topic: topic, waiting: true},
 	}
 	if len(got) != len(want) {
@@ -142,7 +143,7 @@ func TestEmitInvalid(t *testing.T) {
 		})
 	}
 	var n int
-	if err := tx.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n); err != nil || n != 0 {
+	if err := tx.QueryRow(context.Background(), `SELECT count(*) FROM outbox_events`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("%d rows written by invalid batches (%v), want none", n, err)
 	}
 }
@@ -165,7 +166,7 @@ func TestEmitTraceContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stored string
-	if err := e.db.Pool.QueryRow(ctx, `SELECT tracingspancontext FROM outbox`).Scan(&stored); err != nil {
+	if err := e.db.Pool.QueryRow(ctx, `SELECT tracingspancontext FROM outbox_events`).Scan(&stored); err != nil {
 		t.Fatal(err)
 	}
 	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -181,26 +182,25 @@ func TestEmitTraceContext(t *testing.T) {
 	}
 }
 
-// TestEmitSameIDMeanwhile: an event emitted twice in one batch is written once, as it was first;
-// an event that another transaction writes while an emitter of the same id for another aggregate
-// (whose locks do not hold the emitter back) inserts it is written once, by the transaction that
-// commits it first.
+// TestEmitSameIDMeanwhile: an event emitted twice in one batch is written once, as it was first, in
+// either layout; in the layout of a row per event (WithEventRows, for Debezium), whose primary key
+// is the event's id, an event that another transaction writes while an emitter of the same id for
+// another aggregate (whose locks do not hold the emitter back) inserts it is written once, by the
+// transaction that commits it first.
 func TestEmitSameIDMeanwhile(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
+	for _, layout := range []struct {
+		name string
+		ctx  context.Context
+	}{{"Batches", context.Background()}, {"EventRows", outbox.WithEventRows(context.Background())}} {
+		t.Run(layout.name, func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.Schema(t)
+			emitTwiceInOneBatch(t, layout.ctx, db.Pool)
+		})
+	}
+	ctx := outbox.WithEventRows(context.Background())
 	db := pgtest.Schema(t)
-
-	twice := orderEvent("T-1", 1)
-	again := twice
-	again.Payload = json.RawMessage(`{"again":true}`)
-	if err := inbox.WithTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		return outbox.EmitBatch(ctx, tx, []outbox.Event{twice, orderEvent("T-1", 2), again})
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := payloads(t, db.Pool, `aggregateid = 'T-1'`), `{"n":1,"order_no":"T-1"} {"n":2,"order_no":"T-1"}`; got != want {
-		t.Errorf("payloads %s, want %s", got, want)
-	}
 
 	first := orderEvent("A-1", 1)
 	second := first
@@ -247,11 +247,28 @@ func TestEmitSameIDMeanwhile(t *testing.T) {
 	}
 }
 
+// emitTwiceInOneBatch emits, in one batch under ctx, an event, another, then the first again with
+// another payload, and checks that the first was written once, as it was first.
+func emitTwiceInOneBatch(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
+	t.Helper()
+	twice := orderEvent("T-1", 1)
+	again := twice
+	again.Payload = json.RawMessage(`{"again":true}`)
+	if err := inbox.WithTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
+		return outbox.EmitBatch(ctx, tx, []outbox.Event{twice, orderEvent("T-1", 2), again})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := payloads(t, pool, `aggregateid = 'T-1'`), `{"n":1,"order_no":"T-1"} {"n":2,"order_no":"T-1"}`; got != want {
+		t.Errorf("payloads %s, want %s", got, want)
+	}
+}
+
 // payloads are the payloads of the outbox's rows where condition holds, in position order, joined
 // by spaces.
 func payloads(t *testing.T, q *pgxpool.Pool, condition string) string {
 	t.Helper()
-	rows, _ := q.Query(context.Background(), `SELECT payload::text FROM outbox WHERE `+condition+` ORDER BY position`)
+	rows, _ := q.Query(context.Background(), `SELECT payload::text FROM outbox_events WHERE `+condition+` ORDER BY position, ordinal`)
 	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		t.Fatal(err)

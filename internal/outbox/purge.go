@@ -10,25 +10,26 @@ import (
 	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
-// purgeBatchSize is how many rows one purge statement looks at, in a transaction of its own.
+// purgeBatchSize is how many rows (emissions) one purge statement looks at, in a transaction of its own.
 const purgeBatchSize = 5000
 
-// purgeEventsSQL deletes, of the $2 oldest events published (at or below the lease's cursor), those
-// written before $1, and says how many it deleted and how many it looked at. The events are in
+// purgeEventsSQL deletes, of the $2 oldest emissions published (at or below the lease's cursor),
+// those written before $1, and says how many events and emissions it deleted and how many emissions
+// it looked at. The emissions are in
 // position order, and so in the order they were written, give or take the few microseconds between
 // an emitter drawing a position and stamping created_at: the purge stops at the first page that has
-// an event too young, without reading the rest.
+// an emission too young, without reading the rest.
 const purgeEventsSQL = `
 WITH page AS (
-	SELECT position, created_at FROM outbox
+	SELECT position, created_at, cardinality(ids) AS events FROM outbox_batches
 	WHERE position <= coalesce((SELECT published_position FROM outbox_relay_lease WHERE name = 'relay'), 0)
 	ORDER BY position
 	LIMIT $2
 ), deleted AS (
-	DELETE FROM outbox o USING page p WHERE o.position = p.position AND p.created_at < $1
-	RETURNING 1
+	DELETE FROM outbox_batches o USING page p WHERE o.position = p.position AND p.created_at < $1
+	RETURNING p.events
 )
-SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM page)`
+SELECT (SELECT coalesce(sum(events), 0) FROM deleted), (SELECT count(*) FROM deleted), (SELECT count(*) FROM page)`
 
 // Purge deletes the events published and written longer than Retention ago, in batches, each in a
 // short transaction of its own. It returns how many events it deleted.
@@ -40,11 +41,11 @@ func (r *Relay) Purge(ctx context.Context) (int64, error) {
 	}
 	var deleted int64
 	for {
-		var n, seen int64
-		if err := r.config.Pool.QueryRow(ctx, purgeEventsSQL, cutoff, purgeBatchSize).Scan(&n, &seen); err != nil {
+		var events, n, seen int64
+		if err := r.config.Pool.QueryRow(ctx, purgeEventsSQL, cutoff, purgeBatchSize).Scan(&events, &n, &seen); err != nil {
 			return deleted, fmt.Errorf("outbox: purge: %w", inbox.Classify(err))
 		}
-		deleted += n
+		deleted += events
 		if n < seen || seen < purgeBatchSize {
 			return deleted, nil
 		}

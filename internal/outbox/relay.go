@@ -109,7 +109,7 @@ type Relay struct {
 	// events after cursor published already (when a write was acknowledged in part): a later round
 	// moves the cursor over them without sending them again.
 	cursor, marked int64
-	ahead          map[int64]bool
+	ahead          map[event]bool
 	horizon        horizon
 
 	// holding is whether the lease is held, for the purger.
@@ -286,7 +286,7 @@ func (r *Relay) unpublished(rows []row) []row {
 	}
 	out := make([]row, 0, len(rows))
 	for _, e := range rows {
-		if !r.ahead[e.position] {
+		if !r.ahead[e.event] {
 			out = append(out, e)
 		}
 	}
@@ -314,34 +314,36 @@ func acknowledged(n int, err error) []bool {
 }
 
 // record notes the acknowledged events of sent (of b) as published, counts them, and moves the
-// cursor over the longest run of b's events that are all published — to the horizon when b was
-// every event up to it. A partition's events of one round are acknowledged together or not at all
-// (one produce request), so an aggregate's unacknowledged events are all after its acknowledged
-// ones, and are published again, in order, by a later round; the acknowledged events after the
-// cursor are not.
+// cursor over the longest run of b's emissions whose events are all published (and all in b) — to
+// the horizon when b was every event up to it. A partition's events of one round are acknowledged
+// together or not at all (one produce request), so an aggregate's unacknowledged events are all
+// after its acknowledged ones, and are published again, in order, by a later round; the
+// acknowledged events after the cursor are not.
 func (r *Relay) record(b batch, sent []row, published []bool) int {
 	n := 0
 	for i, ok := range published {
 		if ok {
-			r.ahead[sent[i].position] = true
+			r.ahead[sent[i].event] = true
 			r.config.Metrics.published(sent[i].topic)
 			n++
 		}
 	}
 	all := true
 	for _, e := range b.rows {
-		if !r.ahead[e.position] {
+		if !r.ahead[e.event] {
 			all = false
 			break
 		}
-		r.cursor = e.position
+		if e.event.ordinal == e.of { // the emission's last event: all of it is published
+			r.cursor = e.event.position
+		}
 	}
 	if all && b.complete {
 		r.cursor = max(r.cursor, r.horizon.at)
 	}
-	for p := range r.ahead {
-		if p <= r.cursor {
-			delete(r.ahead, p)
+	for e := range r.ahead {
+		if e.position <= r.cursor {
+			delete(r.ahead, e)
 		}
 	}
 	return n

@@ -107,7 +107,7 @@ func TestCommitOrder(t *testing.T) {
 					if err := outbox.Emit(ctx, tx, ev); err != nil {
 						return err
 					}
-					if err := tx.QueryRow(ctx, `SELECT position FROM outbox WHERE id = $1`, eventID(ev)).Scan(&position); err != nil {
+					if err := tx.QueryRow(ctx, `SELECT position FROM outbox_events WHERE id = $1`, eventID(ev)).Scan(&position); err != nil {
 						return err
 					}
 					time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
@@ -362,20 +362,22 @@ func TestPurge(t *testing.T) {
 	config := e.relayConfig(e.db.Pool)
 	config.Retention = time.Hour
 	r, stop := e.startRelay(config)
-	e.emit(e.db.Pool, orderEvent("P-1", 1), orderEvent("P-2", 1), orderEvent("P-3", 1))
+	for _, order := range []string{"P-1", "P-2", "P-3"} { // an emission each: the purge deletes whole emissions
+		e.emit(e.db.Pool, orderEvent(order, 1))
+	}
 	e.waitPublished(3)
 	stop()
 	e.emit(e.db.Pool, orderEvent("P-4", 1)) // waiting: never purged
 	age := func(orders ...string) {
 		t.Helper()
-		if _, err := e.db.Pool.Exec(ctx, `UPDATE outbox SET created_at = now() - interval '2 hours'
-			WHERE aggregateid = ANY ($1)`, orders); err != nil {
+		if _, err := e.db.Pool.Exec(ctx, `UPDATE outbox_batches SET created_at = now() - interval '2 hours'
+			WHERE aggregateids && $1`, orders); err != nil {
 			t.Fatal(err)
 		}
 	}
 	left := func() string {
 		t.Helper()
-		rows, _ := e.db.Pool.Query(ctx, `SELECT aggregateid FROM outbox ORDER BY 1`)
+		rows, _ := e.db.Pool.Query(ctx, `SELECT aggregateid FROM outbox_events ORDER BY 1`)
 		events, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
 			t.Fatal(err)

@@ -128,7 +128,7 @@ func (e *env) waitPublished(n int) {
 	eventually(e.t, func() string {
 		var waiting, done int
 		err := e.db.Pool.QueryRow(context.Background(), `
-			SELECT (SELECT count(*) FROM outbox_waiting), (SELECT count(*) FROM outbox) - (SELECT count(*) FROM outbox_waiting)`).
+			SELECT (SELECT count(*) FROM outbox_waiting), (SELECT count(*) FROM outbox_events) - (SELECT count(*) FROM outbox_waiting)`).
 			Scan(&waiting, &done)
 		if err != nil {
 			e.t.Fatal(err)

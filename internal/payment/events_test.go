@@ -63,7 +63,7 @@ func (e *env) withEvents(t *testing.T) *env {
 func readEvents(t *testing.T, q querier, orderNo string) []string {
 	t.Helper()
 	rows, _ := q.Query(context.Background(), `
-		SELECT id::text, topic, aggregatetype, aggregateid, type, payload::text FROM outbox
+		SELECT id::text, topic, aggregatetype, aggregateid, type, payload::text FROM outbox_events
 		WHERE aggregateid = $1 ORDER BY position`, orderNo)
 	var out []string
 	var id, topic, aggregateType, aggregateID, typ, payload string
@@ -132,7 +132,7 @@ func TestEventsOff(t *testing.T) {
 		t.Fatalf("batch: %v, %v", got, err)
 	}
 	var n int
-	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n); err != nil || n != 0 {
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_events`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("%d events (%v) with no events topic, want none", n, err)
 	}
 }

@@ -7,8 +7,8 @@
 //
 // The SMS event's idempotency key is derived from the order event's id, so an order event
 // delivered again, or published again by the relay, never makes a second SMS: the inbox skips it,
-// and were its key forgotten, the outbox would not write the same SMS event twice, nor the SMS
-// route send it twice.
+// and were its key forgotten, the SMS event written again would have the same key, which the SMS
+// route does not send twice.
 //
 // receipt reads orders and writes the outbox; it sends nothing itself and knows nothing of Kafka.
 // Other order events (payment.failed, payment.anomaly) are applied with no inboxworker.
