@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/inboxworker/inboxworker/internal/inbox"
 )
@@ -54,25 +56,25 @@ const renewSQL = `
 UPDATE outbox_relay_lease SET renewed_at = now(), expires_at = now() + $3 * interval '1 microsecond'
 WHERE name = 'relay' AND holder = $1 AND epoch = $2 AND expires_at > now()`
 
-// fetchSQL reads the events after the cursor $3 up to the horizon $4, oldest first, if holder's
-// lease of epoch is live: the events of whole rows of outbox_batches, as many rows as start before
-// the $5th event.
+// fetchSQL reads the emissions after the cursor $3 up to the horizon $4, oldest first, if holder's
+// lease of epoch is live: as many as start before the $5th event. The arrays are read whole and
+// taken apart by the relay: unnested on the server, the events were a row each to sort back into
+// their order.
 const fetchSQL = `
-SELECT b.position, e.ordinal::int4, cardinality(b.ids)::int4, e.id::text, e.topic, e.aggregateid, e.payload,
-       b.tracingspancontext
+SELECT position, ids, topics, aggregateids, payloads, tracingspancontext
 FROM (
-	SELECT l.*, sum(cardinality(l.ids)) OVER (ORDER BY l.position) - cardinality(l.ids) AS before
+	SELECT l.*, sum(l.n) OVER (ORDER BY l.position) - l.n AS before
 	FROM (
-		SELECT * FROM outbox_batches
+		SELECT position, ids, topics, aggregateids, payloads, tracingspancontext, cardinality(ids) AS n
+		FROM outbox_batches
 		WHERE position > $3 AND position <= $4
 		  AND EXISTS (SELECT FROM outbox_relay_lease WHERE name = 'relay' AND holder = $1 AND epoch = $2 AND expires_at > now())
 		ORDER BY position
 		LIMIT $5
 	) AS l
-) AS b,
-	unnest(b.ids, b.topics, b.aggregateids, b.payloads) WITH ORDINALITY AS e(id, topic, aggregateid, payload, ordinal)
-WHERE b.before < $5
-ORDER BY b.position, e.ordinal`
+) AS b
+WHERE before < $5
+ORDER BY position`
 
 // row is an event as the relay reads it.
 type row struct {
@@ -91,6 +93,21 @@ type event struct {
 	ordinal  int32
 }
 
+// emission is a row of outbox_batches as the relay reads it.
+type emission struct {
+	position             int64
+	ids                  []pgtype.UUID
+	topics, aggregateIDs []string
+	payloads             [][]byte
+	trace                *string
+}
+
+// row is the ith event of e. The table's constraint gives e's arrays one length.
+func (e *emission) row(i int) row {
+	return row{event: event{e.position, int32(i + 1)}, of: int32(len(e.ids)), id: uuid.UUID(e.ids[i].Bytes).String(),
+		topic: e.topics[i], aggregateID: e.aggregateIDs[i], payload: e.payloads[i], trace: e.trace}
+}
+
 // batch is what a round read: the events after the cursor, in position order.
 type batch struct {
 	rows []row
@@ -99,8 +116,9 @@ type batch struct {
 }
 
 // fetch moves the horizon on (renewing the lease in the same round trip when a renewal is due),
-// then reads the events after the cursor up to the horizon, at most BatchSize of them and
-// maxBatchBytes of those not already published. It returns no batch, and gives the lease up, when
+// then reads the events after the cursor up to the horizon: the emissions that start before the
+// BatchSize-th event, and of their events no more than maxBatchBytes of those not already published
+// (the rest of an emission in a later round). It returns no batch, and gives the lease up, when
 // the lease is found lost. The horizon's readings come before the read of the events, in an earlier
 // round trip: the read sees every transaction that the readings found ended.
 func (r *Relay) fetch(ctx context.Context) (batch, error) {
@@ -114,20 +132,22 @@ func (r *Relay) fetch(ctx context.Context) (batch, error) {
 	defer rows.Close()
 	b := batch{complete: true}
 	size, n := 0, 0
-	for rows.Next() {
-		var e row
-		if err := rows.Scan(&e.event.position, &e.event.ordinal, &e.of, &e.id, &e.topic, &e.aggregateID, &e.payload,
-			&e.trace); err != nil {
+	for rows.Next() && b.complete {
+		var e emission
+		if err := rows.Scan(&e.position, &e.ids, &e.topics, &e.aggregateIDs, &e.payloads, &e.trace); err != nil {
 			return batch{}, fmt.Errorf("outbox relay: read events: %w", err)
 		}
-		n++
-		if !r.ahead[e.event] {
-			if size += messageBytes(e); size > maxBatchBytes && len(b.rows) > 0 {
-				b.complete = false
-				break // the rest in the next round, after these
+		for i := range e.ids {
+			n++
+			row := e.row(i)
+			if !r.ahead[row.event] {
+				if size += messageBytes(row); size > maxBatchBytes && len(b.rows) > 0 {
+					b.complete = false
+					break // the rest in the next round, after these
+				}
 			}
+			b.rows = append(b.rows, row)
 		}
-		b.rows = append(b.rows, e)
 	}
 	if err := rows.Err(); err != nil {
 		return batch{}, fmt.Errorf("outbox relay: read events: %w", inbox.Classify(err))

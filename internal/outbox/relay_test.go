@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -566,4 +567,34 @@ func TestEmitManyAggregates(t *testing.T) {
 	e.startRelay(e.relayConfig(e.db.Pool))
 	e.waitPublished(len(many) + 2)
 	checkOrder(t, e.readTopic(), want, false)
+}
+
+// TestRelayLargeEmission: an emission whose events are more than a round's bytes is published over
+// several rounds, each event once and in order, the cursor moving past the emission only once all
+// of it is published; the emission after it follows.
+func TestRelayLargeEmission(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	rec := &recorder{}
+	config := e.relayConfig(e.db.Pool)
+	config.Observer = rec
+	e.startRelay(config)
+	large := func(n int) outbox.Event {
+		ev := orderEvent("L-1", n)
+		ev.Payload = map[string]any{"order_no": "L-1", "n": n, "pad": strings.Repeat("x", 300<<10)}
+		return ev
+	}
+	e.emit(e.db.Pool, large(1), large(2), large(3), large(4), large(5)) // 1.5 MiB: two rounds at least
+	e.emit(e.db.Pool, orderEvent("L-1", 6))
+	e.waitPublished(6)
+	checkOrder(t, e.readTopic(), map[string]int{"L-1": 6}, false)
+	writes := rec.all()
+	if len(writes) < 2 {
+		t.Errorf("%d writes, want the large emission in two at least", len(writes))
+	}
+	for _, w := range writes {
+		if w.msgs > 3 {
+			t.Errorf("a write of %d events of 300 KiB, more than a round's bytes", w.msgs)
+		}
+	}
 }
