@@ -61,7 +61,8 @@ WHERE e.position > coalesce((SELECT published_position FROM outbox_relay_lease W
   AND EXISTS (SELECT FROM outbox_batches b WHERE b.position = e.position);
 
 -- The events the relay had yet to publish when this migration ran move to outbox_batches, each a row
--- of its own at its position; the rest stay where they are. Only where the relay has run (its lease
+-- of its own at its position; the published ones stay in outbox until the relay's purge deletes them
+-- (OUTBOX_RETENTION). Only where the relay has run (its lease
 -- exists): the rows of a deployment relayed by Debezium are its own.
 WITH moved AS (
     DELETE FROM outbox o

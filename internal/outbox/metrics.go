@@ -88,8 +88,8 @@ type Stats struct {
 	Stalled time.Duration
 }
 
-// statsSQL reads the outbox's state: the waiting events (those after the lease's cursor, through
-// the position index), the oldest of them, and the last time the cursor moved.
+// statsSQL reads the outbox's state: the waiting events (those of the emissions after the lease's
+// cursor, through the primary key), the oldest of them, and the last time the cursor moved.
 const statsSQL = `
 SELECT (SELECT coalesce(sum(cardinality(ids)), 0) FROM outbox_batches WHERE position > c.at),
        coalesce((SELECT extract(epoch FROM now() - created_at) FROM outbox_batches WHERE position > c.at

@@ -83,8 +83,8 @@ func eventUUID(eventType, cause string) uuid.UUID {
 // Emit writes e to the outbox through tx, the transaction of the handler's effect: the event is
 // published if and only if tx commits. Emit writes what it is given: the inbox, which commits an
 // effect once per message, keeps an event from being emitted twice, and an event emitted again all
-// the same (the same type and cause) has the same id. The trace context of ctx, if any, goes with the event
-// (the W3C traceparent, through OpenTelemetry's global propagator).
+// the same (the same type and cause) has the same id. The trace context of ctx, if any, goes with
+// the event (the W3C traceparent, through OpenTelemetry's global propagator).
 //
 // Emit's errors are an invalid event's (a handler's bug) or Postgres's, which the inbox classifies
 // like any other of the transaction.

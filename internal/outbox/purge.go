@@ -10,15 +10,14 @@ import (
 	"github.com/inboxworker/inboxworker/internal/wait"
 )
 
-// purgeBatchSize is how many rows (emissions) one purge statement looks at, in a transaction of its own.
+// purgeBatchSize is how many emissions one purge statement looks at, in a transaction of its own.
 const purgeBatchSize = 5000
 
 // purgeEventsSQL deletes, of the $2 oldest emissions published (at or below the lease's cursor),
 // those written before $1, and says how many events and emissions it deleted and how many emissions
-// it looked at. The emissions are in
-// position order, and so in the order they were written, give or take the few microseconds between
-// an emitter drawing a position and stamping created_at: the purge stops at the first page that has
-// an emission too young, without reading the rest.
+// it looked at. The emissions are in position order, and so in the order they were written, give or
+// take the few microseconds between an emitter drawing a position and stamping created_at: the
+// purge stops at the first page that has an emission too young, without reading the rest.
 const purgeEventsSQL = `
 WITH page AS (
 	SELECT position, created_at, cardinality(ids) AS events FROM outbox_batches
@@ -31,6 +30,21 @@ WITH page AS (
 )
 SELECT (SELECT coalesce(sum(events), 0) FROM deleted), (SELECT count(*) FROM deleted), (SELECT count(*) FROM page)`
 
+// purgeRowsSQL is purgeEventsSQL for the table outbox, a row per event: the events this relay
+// published before migration 00018 put them in outbox_batches. A row written since, with the relay
+// off, is Debezium's and after the cursor: the relay does not delete it.
+const purgeRowsSQL = `
+WITH page AS (
+	SELECT position, created_at FROM outbox
+	WHERE position <= coalesce((SELECT published_position FROM outbox_relay_lease WHERE name = 'relay'), 0)
+	ORDER BY position
+	LIMIT $2
+), deleted AS (
+	DELETE FROM outbox o USING page p WHERE o.position = p.position AND p.created_at < $1
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM deleted), (SELECT count(*) FROM page)`
+
 // Purge deletes the events published and written longer than Retention ago, in batches, each in a
 // short transaction of its own. It returns how many events it deleted.
 func (r *Relay) Purge(ctx context.Context) (int64, error) {
@@ -40,16 +54,19 @@ func (r *Relay) Purge(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("outbox: purge: %w", inbox.Classify(err))
 	}
 	var deleted int64
-	for {
-		var events, n, seen int64
-		if err := r.config.Pool.QueryRow(ctx, purgeEventsSQL, cutoff, purgeBatchSize).Scan(&events, &n, &seen); err != nil {
-			return deleted, fmt.Errorf("outbox: purge: %w", inbox.Classify(err))
-		}
-		deleted += events
-		if n < seen || seen < purgeBatchSize {
-			return deleted, nil
+	for _, purgeSQL := range []string{purgeRowsSQL, purgeEventsSQL} {
+		for {
+			var events, n, seen int64
+			if err := r.config.Pool.QueryRow(ctx, purgeSQL, cutoff, purgeBatchSize).Scan(&events, &n, &seen); err != nil {
+				return deleted, fmt.Errorf("outbox: purge: %w", inbox.Classify(err))
+			}
+			deleted += events
+			if n < seen || seen < purgeBatchSize {
+				break
+			}
 		}
 	}
+	return deleted, nil
 }
 
 // purgeWhileHolding purges every PurgeInterval while this relay holds the lease, so that one

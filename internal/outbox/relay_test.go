@@ -354,8 +354,10 @@ func TestRelayKafkaDown(t *testing.T) {
 	checkOrder(t, e.readTopic(), want, false)
 }
 
-// TestPurge: events published and written longer than the retention ago are deleted; a younger
-// one stays, and so does an old one still waiting to be published.
+// TestPurge: events published and written longer than the retention ago are deleted, those of
+// outbox_batches and those a relay published a row each before migration 00018; a younger one
+// stays, and so do an old one still waiting to be published and one written a row of its own, for
+// Debezium, since.
 func TestPurge(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -371,9 +373,13 @@ func TestPurge(t *testing.T) {
 	e.emit(e.db.Pool, orderEvent("P-4", 1)) // waiting: never purged
 	age := func(orders ...string) {
 		t.Helper()
-		if _, err := e.db.Pool.Exec(ctx, `UPDATE outbox_batches SET created_at = now() - interval '2 hours'
-			WHERE aggregateids && $1`, orders); err != nil {
-			t.Fatal(err)
+		for _, sql := range []string{
+			`UPDATE outbox_batches SET created_at = now() - interval '2 hours' WHERE aggregateids && $1`,
+			`UPDATE outbox SET created_at = now() - interval '2 hours' WHERE aggregateid = ANY ($1)`,
+		} {
+			if _, err := e.db.Pool.Exec(ctx, sql, orders); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	left := func() string {
@@ -385,13 +391,26 @@ func TestPurge(t *testing.T) {
 		}
 		return fmt.Sprint(events)
 	}
-	age("P-1", "P-2", "P-4")
-	if deleted, err := r.Purge(ctx); err != nil || deleted != 2 || left() != "[P-3 P-4]" {
-		t.Fatalf("Purge deleted %d events (%v), left %s; want 2, and [P-3 P-4]", deleted, err, left())
+	// An event published a row of its own before migration 00018 (at a position under the cursor),
+	// and one written a row of its own since, by a worker without a relay, for Debezium (after the
+	// cursor): the first is purged, the second never.
+	if _, err := e.db.Pool.Exec(ctx, `
+		INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, topic, position) OVERRIDING SYSTEM VALUE
+		VALUES (gen_random_uuid(), 'order', 'P-0', 'order.test', '{}', $1, 1)`, topic); err != nil {
+		t.Fatal(err)
+	}
+	if err := inbox.WithTx(outbox.WithEventRows(ctx), e.db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		return outbox.Emit(ctx, tx, orderEvent("P-5", 1))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	age("P-0", "P-1", "P-2", "P-4", "P-5")
+	if deleted, err := r.Purge(ctx); err != nil || deleted != 3 || left() != "[P-3 P-4 P-5]" {
+		t.Fatalf("Purge deleted %d events (%v), left %s; want 3, and [P-3 P-4 P-5]", deleted, err, left())
 	}
 	age("P-3")
-	if deleted, err := r.Purge(ctx); err != nil || deleted != 1 || left() != "[P-4]" {
-		t.Fatalf("Purge deleted %d events (%v), left %s; want 1, and the waiting [P-4]", deleted, err, left())
+	if deleted, err := r.Purge(ctx); err != nil || deleted != 1 || left() != "[P-4 P-5]" {
+		t.Fatalf("Purge deleted %d events (%v), left %s; want 1, and the waiting [P-4 P-5]", deleted, err, left())
 	}
 }
 
