@@ -117,8 +117,9 @@ type batch struct {
 
 // fetch moves the horizon on (renewing the lease in the same round trip when a renewal is due),
 // then reads the events after the cursor up to the horizon: the emissions that start before the
-// BatchSize-th event, and of their events no more than maxBatchBytes of those not already published
-// (the rest of an emission in a later round). It returns no batch, and gives the lease up, when
+// BatchSize-th event, and of their events no more than BatchSize and maxBatchBytes of those not
+// already published (the rest of an emission in a later round), so that the writer sends a
+// partition's events of the round in one produce request. It returns no batch, and gives the lease up, when
 // the lease is found lost. The horizon's readings come before the read of the events, in an earlier
 // round trip: the read sees every transaction that the readings found ended.
 func (r *Relay) fetch(ctx context.Context) (batch, error) {
@@ -131,7 +132,7 @@ func (r *Relay) fetch(ctx context.Context) (batch, error) {
 	}
 	defer rows.Close()
 	b := batch{complete: true}
-	size, n := 0, 0
+	size, sending, n := 0, 0, 0
 	for rows.Next() && b.complete {
 		var e emission
 		if err := rows.Scan(&e.position, &e.ids, &e.topics, &e.aggregateIDs, &e.payloads, &e.trace); err != nil {
@@ -141,7 +142,8 @@ func (r *Relay) fetch(ctx context.Context) (batch, error) {
 			n++
 			row := e.row(i)
 			if !r.ahead[row.event] {
-				if size += messageBytes(row); size > maxBatchBytes && len(b.rows) > 0 {
+				size += messageBytes(row)
+				if sending++; sending > r.config.BatchSize || size > maxBatchBytes && len(b.rows) > 0 {
 					b.complete = false
 					break // the rest in the next round, after these
 				}

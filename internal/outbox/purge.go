@@ -13,37 +13,33 @@ import (
 // purgeBatchSize is how many emissions one purge statement looks at, in a transaction of its own.
 const purgeBatchSize = 5000
 
-// purgeEventsSQL deletes, of the $2 oldest emissions published (at or below the lease's cursor),
-// those written before $1, and says how many events and emissions it deleted and how many emissions
-// it looked at. The emissions are in position order, and so in the order they were written, give or
-// take the few microseconds between an emitter drawing a position and stamping created_at: the
-// purge stops at the first page that has an emission too young, without reading the rest.
-const purgeEventsSQL = `
+// purgeSQL deletes, of the $2 oldest rows of table published (at or below the lease's cursor),
+// those written before $1, and says how many events and rows it deleted and how many rows it looked
+// at; events is how many events a row holds. The rows are in position order, and so in the order
+// they were written, give or take the few microseconds between an emitter drawing a position and
+// stamping created_at: the purge stops at the first page that has a row too young, without reading
+// the rest.
+func purgeSQL(table, events string) string {
+	return `
 WITH page AS (
-	SELECT position, created_at, cardinality(ids) AS events FROM outbox_batches
+	SELECT position, created_at, ` + events + ` AS events FROM ` + table + `
 	WHERE position <= coalesce((SELECT published_position FROM outbox_relay_lease WHERE name = 'relay'), 0)
 	ORDER BY position
 	LIMIT $2
 ), deleted AS (
-	DELETE FROM outbox_batches o USING page p WHERE o.position = p.position AND p.created_at < $1
+	DELETE FROM ` + table + ` o USING page p WHERE o.position = p.position AND p.created_at < $1
 	RETURNING p.events
 )
 SELECT (SELECT coalesce(sum(events), 0) FROM deleted), (SELECT count(*) FROM deleted), (SELECT count(*) FROM page)`
+}
 
-// purgeRowsSQL is purgeEventsSQL for the table outbox, a row per event: the events this relay
-// published before migration 00018 put them in outbox_batches. A row written since, with the relay
-// off, is Debezium's and after the cursor: the relay does not delete it.
-const purgeRowsSQL = `
-WITH page AS (
-	SELECT position, created_at FROM outbox
-	WHERE position <= coalesce((SELECT published_position FROM outbox_relay_lease WHERE name = 'relay'), 0)
-	ORDER BY position
-	LIMIT $2
-), deleted AS (
-	DELETE FROM outbox o USING page p WHERE o.position = p.position AND p.created_at < $1
-	RETURNING 1
+// The purge's statements: of outbox_batches, an emission a row; of outbox, the events this relay
+// published a row each before migration 00018 put them in outbox_batches (a row written since, with
+// the relay off, is Debezium's and after the cursor: the relay does not delete it).
+var (
+	purgeEventsSQL = purgeSQL("outbox_batches", "cardinality(ids)")
+	purgeRowsSQL   = purgeSQL("outbox", "1")
 )
-SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM deleted), (SELECT count(*) FROM page)`
 
 // Purge deletes the events published and written longer than Retention ago, in batches, each in a
 // short transaction of its own. It returns how many events it deleted.

@@ -617,3 +617,27 @@ func TestRelayLargeEmission(t *testing.T) {
 		}
 	}
 }
+
+// TestRelayEmissionOverBatchSize: an emission of more events than a round's BatchSize is published
+// over several rounds of at most BatchSize events each — so that a partition's events of a round
+// still go in one produce request, acknowledged whole or not at all — each event once, in order.
+func TestRelayEmissionOverBatchSize(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	rec := &recorder{}
+	config := e.relayConfig(e.db.Pool)
+	config.BatchSize, config.Observer = 10, rec
+	var events []outbox.Event
+	for n := 1; n <= 25; n++ {
+		events = append(events, orderEvent("B-1", n))
+	}
+	e.emit(e.db.Pool, events...)
+	e.startRelay(config)
+	e.waitPublished(25)
+	checkOrder(t, e.readTopic(), map[string]int{"B-1": 25}, false)
+	for _, w := range rec.all() {
+		if w.msgs > config.BatchSize {
+			t.Errorf("a write of %d events, more than BatchSize %d", w.msgs, config.BatchSize)
+		}
+	}
+}
