@@ -50,10 +50,10 @@ func (r *Relay) Purge(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("outbox: purge: %w", inbox.Classify(err))
 	}
 	var deleted int64
-	for _, purgeSQL := range []string{purgeRowsSQL, purgeEventsSQL} {
+	for _, stmt := range []string{purgeRowsSQL, purgeEventsSQL} {
 		for {
 			var events, n, seen int64
-			if err := r.config.Pool.QueryRow(ctx, purgeSQL, cutoff, purgeBatchSize).Scan(&events, &n, &seen); err != nil {
+			if err := r.config.Pool.QueryRow(ctx, stmt, cutoff, purgeBatchSize).Scan(&events, &n, &seen); err != nil {
 				return deleted, fmt.Errorf("outbox: purge: %w", inbox.Classify(err))
 			}
 			deleted += events
