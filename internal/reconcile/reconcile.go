@@ -265,6 +265,11 @@ func (r *Reconciler) settle(ctx context.Context, orderNo string, a Answer) {
 	kind, _, _ := fault.Classify(inbox.Classify(err))
 	switch {
 	case err == nil:
+	case ctx.Err() != nil:
+		// Stopping, the answer not applied (or its commit's outcome unknown): asked about again at
+		// the next start, and nothing reported of it here.
+		r.release(context.WithoutCancel(ctx), []string{orderNo})
+		return
 	case kind == fault.KindPermanent:
 		// The answer cannot be applied (a provider transaction bound to another order): a person
 		// looks, and the order is asked about again at its next interval.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -112,27 +113,38 @@ func (e *env) order(t *testing.T, orderNo, status string, age time.Duration) {
 // start runs a reconciler of the group asking srv, until the test ends; it returns its metrics.
 func (e *env) start(t *testing.T, url string, after, maxAge time.Duration) *prometheus.Registry {
 	t.Helper()
+	reg, _, _ := e.run(t, url, after, maxAge)
+	return reg
+}
+
+// run is start, returning also the reconciler's log records, and stop, which ends it and waits for
+// its Run to return (at the latest when the test ends).
+func (e *env) run(t *testing.T, url string, after, maxAge time.Duration) (
+	reg *prometheus.Registry, logs *testlog.Records, stop func()) {
+	t.Helper()
 	status, err := reconcile.NewStatus(url, "s3cret", 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := prometheus.NewRegistry()
+	reg = prometheus.NewRegistry()
 	metrics := reconcile.NewMetrics(reg)
+	log, logs := testlog.Capture(t)
 	r, err := reconcile.New(reconcile.Config{Pool: e.pool, Payments: e.payments, Store: e.store, Group: "g",
-		Status: status, RateLimit: 1000, After: after, MaxAge: maxAge, Metrics: metrics, Logger: testlog.New(t)})
+		Status: status, RateLimit: 1000, After: after, MaxAge: maxAge, Metrics: metrics, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
+	stop = sync.OnceFunc(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	return reg
+	t.Cleanup(stop)
+	return reg, logs, stop
 }
 
 func (e *env) scalar(t *testing.T, sql string, args ...any) string {
@@ -166,8 +178,13 @@ func TestLostCallbacksFound(t *testing.T) {
 	p.answer("ORD-CANCELLED", answerPayment("ORD-CANCELLED", "T-5", "SUCCESS"))
 
 	reg := e.start(t, srv.URL+"/status?merchant=m1", time.Hour, 72*time.Hour)
+	// Answered: recorded, and counted once the record committed.
 	poll.For(t, "four orders answered", func() bool {
-		return e.scalar(t, `SELECT count(*)::text FROM payment_reconciliations WHERE asks = 1`) == "4"
+		answered := 0.0
+		for _, n := range promtest.Counters(t, reg, "inboxworker_reconciliations_total", "result") {
+			answered += n
+		}
+		return answered == 4 && e.scalar(t, `SELECT count(*)::text FROM payment_reconciliations WHERE asks = 1`) == "4"
 	})
 
 	for orderNo, want := range map[string]string{
@@ -374,5 +391,53 @@ func TestPoisonOrder(t *testing.T) {
 	}
 	if got := e.scalar(t, `SELECT last_result || ' ' || asks FROM payment_reconciliations WHERE order_no = 'ORD-00'`); got != "error 0" {
 		t.Errorf("the poison order's row: %s, want error 0 (not an answer)", got)
+	}
+}
+
+// TestStopWhileApplying: a reconciler stopped while it applies an answer (its transaction waits on
+// a row of the provider's transaction the test holds) reports nothing of it — no answer counted, no error
+// logged — and gives the order back, to be asked about again: the answer did not commit.
+func TestStopWhileApplying(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t)
+	p, srv := newProvider(t)
+	e.order(t, "ORD-STOP", "PENDING", 2*time.Hour)
+	p.answer("ORD-STOP", answerPayment("ORD-STOP", "T-STOP", "SUCCESS"))
+
+	holder, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	// The provider's transaction, written and not committed: the answer's insert of it waits.
+	var pid int
+	if err := holder.QueryRow(ctx, `INSERT INTO payment_transactions (provider, provider_txn_id, order_no, amount, currency)
+		VALUES ('alipay', 'T-STOP', 'ORD-STOP', 99.90, 'CNY') RETURNING pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	reg, logs, stop := e.run(t, srv.URL, time.Hour, 72*time.Hour)
+	poll.For(t, "the answer's transaction waiting on the order's row", func() bool {
+		return e.scalar(t, `SELECT (count(*) > 0)::text FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`,
+			pid) == "true"
+	})
+	stop()
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	want := map[string]float64{"paid": 0, "failed": 0, "unknown": 0, "pending": 0, "error": 0}
+	if got := promtest.Counters(t, reg, "inboxworker_reconciliations_total", "result"); !maps.Equal(got, want) {
+		t.Errorf("reconciliations %v, want none: the answer did not commit", got)
+	}
+	for _, r := range logs.All() {
+		if r.Level >= slog.LevelWarn {
+			t.Errorf("logged %s %q: stopping is not a failure", r.Level, r.Message)
+		}
+	}
+	if got := e.scalar(t, `SELECT o.status || ' ' || r.asks || ' ' || (r.held_by IS NULL) || ' ' ||
+			(SELECT count(*) FROM payments WHERE order_no = 'ORD-STOP')
+		FROM orders o JOIN payment_reconciliations r USING (order_no) WHERE order_no = 'ORD-STOP'`); got != "PENDING 0 true 0" {
+		t.Errorf("order, asks, given back, payments: %q, want %q", got, "PENDING 0 true 0")
 	}
 }
